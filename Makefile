@@ -1,0 +1,36 @@
+# Every target creates/updates the virtual environment at .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.twinserve-installed
+ENGINE ?= v1
+PORT ?= 8000
+
+.PHONY: install model test test-fast serve bench bench-offline clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: 2.13.0 is the CPU build on this machine's disk (no CUDA download).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: install
+	$(VENV)/bin/twinserve fetch-model
+
+test: install model
+	$(PY) -m pytest -q -ra
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
+serve: install model
+	$(VENV)/bin/twinserve serve --engine $(ENGINE) --port $(PORT)
+
+bench-offline: install model
+	$(PY) -m compare.bench_offline
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,89 @@
+"""What one ``twinserve compare`` run does: model settings, workloads, server settings, repeats."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from compare.workload import Workload
+
+MODEL_SETTINGS = ("tiny", "default")
+
+
+@dataclass
+class CompareConfig:
+    out: Path
+    models: list[str] = field(default_factory=lambda: ["tiny", "default"])
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    num_prompts: int | None = None          # None: max(8, 2 * concurrency) per workload
+    input_len: tuple[int, int] = (64, 128)
+    output_len: tuple[int, int] = (32, 32)
+    request_rate: float | None = 4.0         # open-loop workload; None: none
+    rate_num_prompts: int = 32
+    burstiness: float = 1.0
+    repeats: int = 2
+    warmup_requests: int = 4
+    seed: int = 0
+    endpoint: str = "completions"           # completions (token-id prompts) | chat (text)
+    # Server settings, identical for both engines.
+    model_path: str | None = None           # the "default" setting's folder; None: SmolLM2
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    kv_cache_size_gb: float = 0.5
+    # One core left for the API process and the client: with every core given to torch, v1's
+    # core process and its API process oversubscribe the CPU (seen: 15x slower tiny forwards).
+    num_threads: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1))
+    dtype: str = "auto"
+    engines: tuple[str, ...] = ("v0", "v1")
+    # --url: drive an already running server instead.
+    url: str | None = None
+    tokenizer: str | None = None            # folder with tokenizer.json (--url); None: default model
+    api_key: str | None = None
+    health_timeout_s: float = 180.0
+    request_timeout_s: float = 300.0
+    plots: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.url is not None:  # one server, one "engine", no model settings to pick
+            self.engines, self.models = ("url",), ["url"]
+        for m in self.models:
+            if m not in MODEL_SETTINGS and self.url is None:
+                raise ValueError(f"model setting must be one of {MODEL_SETTINGS}, not {m!r}")
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError("endpoint must be completions or chat")
+        if self.repeats < 1 or not self.concurrencies and self.request_rate is None:
+            raise ValueError("need at least one repeat and one workload")
+
+    def workloads(self) -> list[Workload]:
+        """The concurrency sweep, then the open-loop workload; each has its own seed so a
+        server's prefix cache never holds an earlier workload's prompts."""
+        out: list[Workload] = []
+        for i, c in enumerate(self.concurrencies):
+            n = self.num_prompts or max(8, 2 * c)
+            out.append(Workload(f"c{c}", n, self.input_len, self.output_len, concurrency=c,
+                                seed=self.seed * 1000 + i))
+        if self.request_rate is not None:
+            out.append(Workload(f"rate{self.request_rate:g}", self.rate_num_prompts, self.input_len,
+                                self.output_len, concurrency=None, request_rate=self.request_rate,
+                                burstiness=self.burstiness, seed=self.seed * 1000 + 999))
+        return out
+
+    def warmup(self) -> Workload:
+        return Workload("warmup", self.warmup_requests, self.input_len, (8, 8),
+                        concurrency=self.warmup_requests, seed=self.seed * 1000 + 998)
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["api_key"] = "***" if self.api_key else None
+        d["workloads"] = [w.describe() for w in self.workloads()]
+        return d
+
+
+def quick_config(out: Path) -> CompareConfig:
+    """The smoke version: tiny model, one repeat, ~32 short requests per engine, about a minute."""
+    return CompareConfig(out=out, models=["tiny"], concurrencies=[4, 16], num_prompts=12,
+                         input_len=(16, 48), output_len=(16, 16), request_rate=16.0,
+                         rate_num_prompts=8, repeats=1, warmup_requests=2)

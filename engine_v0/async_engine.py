@@ -1,0 +1,82 @@
+"""v0: the API server's own event loop drives the engine core.
+
+Scheduling, input preparation, sampling and detokenization run on the loop thread; only
+the forward pass leaves it, awaited with ``asyncio.to_thread`` so HTTP keeps being served.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from shared.config import EngineConfig
+from shared.engine_core import EngineCore
+from shared.frontend import EngineFrontend
+from shared.messages import EngineCoreRequest
+from shared.model_fetch import resolve_model
+from shared.tokenizer import Tokenizer
+
+log = logging.getLogger("twinserve.v0")
+
+
+class AsyncEngine(EngineFrontend):
+    """EngineClient whose EngineCore lives in this process, stepped by one asyncio task."""
+
+    def __init__(self, config: EngineConfig, max_waiting_requests: int = 256) -> None:
+        path = resolve_model(config.model.model)
+        self.core = EngineCore(config, path)
+        super().__init__(Tokenizer(path), self.core.model_info, max_waiting_requests)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _submit(self, request: EngineCoreRequest) -> None:
+        self.core.add_request(request)
+        self._ensure_running()
+        self._wake.set()
+
+    def _abort_in_core(self, request_ids: list[str]) -> None:
+        # Safe during a forward pass: freed blocks are handed out only by the next schedule().
+        self.core.abort_requests(request_ids)
+
+    def _ensure_running(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run_loop(), name="v0-engine-loop")
+
+    async def _run_loop(self) -> None:
+        try:
+            while True:
+                if not self.core.has_unfinished_requests():
+                    # Idle means idle: sleep until a request arrives.
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                await self._step()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - any failure kills the engine
+            log.exception("engine loop died")
+            self.fail_all(e)
+
+    async def _step(self) -> None:
+        batch = self.core.begin_step()                              # schedule, prepare inputs
+        if batch is None:  # nothing fits this step; let others run rather than spin
+            await asyncio.sleep(0.001)
+            return
+        logits = await asyncio.to_thread(self.core.run_forward, batch)  # forward, off the loop
+        outputs = self.core.finish_step(batch, logits)               # sample, update scheduler
+        self.process_engine_outputs(outputs)                         # detokenize, feed streams
+
+    async def get_stats(self) -> dict[str, Any]:
+        # Same process: read the scheduler directly, fresh even when the engine is idle.
+        self._update_stats(self.core.scheduler.get_stats())
+        return await super().get_stats()
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.fail_all(RuntimeError("server shutting down"))

@@ -1,0 +1,6 @@
+"""Engine v1: the API server and the engine core in separate processes, linked by ZMQ."""
+from __future__ import annotations
+
+from engine_v1.client import AsyncLLM
+
+__all__ = ["AsyncLLM"]

@@ -1,0 +1,148 @@
+"""The engine-core process: an EngineCore wrapped with sockets, threads and a busy loop.
+
+    API process                       core process
+    ----------- ADD/ABORT (PUSH) -->  input thread -> input queue
+                                      main thread:  run_busy_loop
+                                         1. _process_input_queue (blocks when idle)
+                                         2. _process_engine_step (schedule, forward, sample, update)
+    <-- OUTPUTS (PUSH) -------------  output thread <- output queue
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine_v1 import wire
+from shared.config import EngineConfig
+from shared.engine_core import EngineCore
+from shared.errors import ParamError
+from shared.messages import EngineCoreOutputs
+
+_STOP = object()
+
+
+class EngineCoreProc:
+    def __init__(self, config: EngineConfig, model_path: Path, input_addr: str, output_addr: str) -> None:
+        self.codec = wire.WireCodec()
+        self.input_queue: queue.Queue[tuple[bytes, Any]] = queue.Queue()
+        self.output_queue: queue.Queue[Any] = queue.Queue()
+        self.ctx = zmq.Context()
+        self.out_sock = self.ctx.socket(zmq.PUSH)
+        self.out_sock.connect(output_addr)
+        self.output_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
+        self.output_thread.start()
+        try:
+            self.core = EngineCore(config, model_path)
+        except BaseException as e:
+            self.fail(f"engine core failed to start: {type(e).__name__}: {e}")
+            self.close()  # flush the failure to the API process before exiting
+            raise
+        self.in_sock = self.ctx.socket(zmq.PULL)
+        self.in_sock.connect(input_addr)
+        threading.Thread(target=self._input_loop, name="core-input", daemon=True).start()
+        self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid()))
+        self._running = True
+        self._idle_reported = True
+
+    # -- threads ------------------------------------------------------------------------------
+    def _input_loop(self) -> None:
+        """Receive and decode frames off the main thread; zmq releases the GIL while waiting."""
+        while True:
+            frames = self.in_sock.recv_multipart(copy=False)
+            self.input_queue.put(self.codec.decode([f.bytes for f in frames]))
+
+    def _output_loop(self) -> None:
+        while True:
+            item = self.output_queue.get()
+            if item is _STOP:
+                return
+            tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
+                   wire.CoreReject: wire.REJECT, wire.CoreFailure: wire.FAILED}[type(item)]
+            self.out_sock.send_multipart(self.codec.encode(tag, item))
+
+    # -- main thread ---------------------------------------------------------------------------
+    def run_busy_loop(self) -> None:
+        while self._running:
+            self._process_input_queue()
+            if self._running:
+                self._process_engine_step()
+
+    def _process_input_queue(self) -> None:
+        # Idle: block on the queue (no CPU) until a message arrives.
+        while self._running and not self.core.has_unfinished_requests():
+            self._handle(*self.input_queue.get())
+            self._report_idle()
+        while self._running and not self.input_queue.empty():
+            self._handle(*self.input_queue.get_nowait())
+        self._report_idle()
+
+    def _handle(self, tag: bytes, payload: Any) -> None:
+        if tag == wire.ADD:
+            try:
+                self.core.add_request(payload)
+            except ParamError as e:
+                self.output_queue.put(wire.CoreReject(payload.request_id, str(e), e.param))
+        elif tag == wire.ABORT:
+            self.core.abort_requests(payload)
+        elif tag == wire.SHUTDOWN:
+            self._running = False
+
+    def _process_engine_step(self) -> None:
+        outputs = self.core.step()
+        self._idle_reported = False
+        if outputs.outputs or outputs.step is not None:
+            self.output_queue.put(outputs)
+
+    def _report_idle(self) -> None:
+        """Once the core goes idle (e.g. the last request aborted), send fresh stats, so the
+        API side's /metrics shows free blocks without waiting for another step."""
+        if self._idle_reported or self.core.has_unfinished_requests():
+            return
+        stats = self.core.scheduler.get_stats()
+        self.output_queue.put(EngineCoreOutputs(outputs=[], timestamp=time.time(), stats=stats))
+        self._idle_reported = True
+
+    def fail(self, message: str) -> None:
+        self.output_queue.put(wire.CoreFailure(message))
+
+    def close(self) -> None:
+        self.output_queue.put(_STOP)
+        self.output_thread.join(timeout=5)
+        self.ctx.destroy(linger=1000)
+
+
+def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str) -> None:
+    """Entry point of the spawned core process."""
+    # Ctrl-C reaches the whole process group; the API server decides when the core stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(os.getppid())
+    config = msgspec.msgpack.decode(config_bytes, type=EngineConfig)
+    try:
+        proc = EngineCoreProc(config, Path(model_path), input_addr, output_addr)
+    except BaseException as e:
+        raise SystemExit(1) from e
+    try:
+        proc.run_busy_loop()
+    except BaseException as e:
+        proc.fail(f"engine core died: {type(e).__name__}: {e}")
+        proc.close()
+        raise SystemExit(1) from e
+    proc.close()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the API process disappears (e.g. SIGKILL), so no core is orphaned."""
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

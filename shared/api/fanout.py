@@ -1,0 +1,132 @@
+"""Run one HTTP request as several engine requests and merge their delta streams.
+
+A request with n samples and p prompts becomes n * p engine requests with ids
+``{id}-{index}``, where index is the choice index. Each runs in its own task that
+pushes outputs into one queue; closing the FanOut cancels the tasks, and each task
+aborts its engine request if it did not finish, so the engine frees its blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from shared.api.metrics import ApiMetrics
+from shared.api.requests import Job
+from shared.engine_client import EngineClient
+from shared.errors import EngineDeadError
+from shared.messages import SamplingParams
+from shared.outputs import RequestOutput
+
+
+@dataclass
+class _Child:
+    index: int
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    finished: bool = False
+    last_at: float | None = None
+
+
+class FanOut:
+    def __init__(self, engine: EngineClient, base_id: str, jobs: list[Job], n: int,
+                 metrics: ApiMetrics, registry: set[FanOut], trace: bool = False) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.trace = trace
+        self.arrival = time.perf_counter()
+        self.children = [
+            _Child(j * n + i, f"{base_id}-{j * n + i}", job.prompt_ids, job.params.for_child(i))
+            for j, job in enumerate(jobs) for i in range(n)
+        ]
+        self._queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
+        self._remaining = len(self.children)
+        self._tasks: list[asyncio.Task] = []
+        self._registry = registry
+
+    def start(self) -> FanOut:
+        self._registry.add(self)
+        self._tasks = [asyncio.create_task(self._pump(c)) for c in self.children]
+        return self
+
+    async def next(self) -> tuple[int, RequestOutput] | None:
+        """The next (choice index, delta output) of any child; None once all finished."""
+        if self._remaining == 0:
+            return None
+        index, out, exc = await self._queue.get()
+        if exc is not None:
+            raise exc
+        assert out is not None
+        if out.finished:
+            self._remaining -= 1
+        return index, out
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        while (item := await self.next()) is not None:
+            yield item
+
+    def close(self) -> None:
+        """Synchronous on purpose: it runs in finally blocks of cancelled handlers."""
+        self._registry.discard(self)
+        for task in self._tasks:
+            task.cancel()
+
+    def fail(self, exc: BaseException) -> None:
+        """Wake the consumer with ``exc`` (server shutdown) and stop all children."""
+        self._queue.put_nowait((-1, None, exc))
+        self.close()
+
+    async def _pump(self, child: _Child) -> None:
+        self.metrics.prompt_tokens.inc(len(child.prompt_ids))
+        gen: object = None
+        try:
+            gen = self.engine.generate(child.request_id, child.prompt_ids, child.params,
+                                       trace=self.trace)
+            if inspect.isawaitable(gen):  # tolerate an engine whose generate is a coroutine
+                gen = await gen
+            async for out in gen:
+                self._observe(child, out)
+                self._queue.put_nowait((child.index, out, None))
+                if out.finished:
+                    child.finished = True
+                    return
+            raise EngineDeadError("the engine ended a request without finishing it")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait((child.index, None, exc))
+        finally:
+            await _close_quietly(gen)
+            if not child.finished:
+                await _abort_quietly(self.engine, child.request_id)
+
+    def _observe(self, child: _Child, out: RequestOutput) -> None:
+        now = time.perf_counter()
+        n_new = sum(len(c.token_ids) for c in out.outputs)
+        if n_new:
+            since_last = None if child.last_at is None else now - child.last_at
+            self.metrics.on_tokens(n_new, since_last, now - self.arrival)
+            child.last_at = now
+        if out.finished:
+            reason = out.outputs[0].finish_reason if out.outputs else None
+            self.metrics.on_finished(reason, now - self.arrival)
+
+
+async def _close_quietly(gen: object) -> None:
+    aclose = getattr(gen, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:
+        pass  # the iterator is gone either way; abort below frees the request
+
+
+async def _abort_quietly(engine: EngineClient, request_id: str) -> None:
+    try:
+        await engine.abort(request_id)
+    except Exception:
+        pass  # a dead engine holds no blocks worth freeing

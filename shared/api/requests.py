@@ -1,0 +1,172 @@
+"""Validated request bodies -> token ids and SamplingParams (lifecycle steps 2-3).
+
+Type errors were caught while decoding (protocol.py); here come ranges, server limits,
+the model name, the context window, and prompt tokenization.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+from shared.api.errors import APIError
+from shared.api.protocol import ChatCompletionRequest, CompletionRequest, _Common, to_builtins
+from shared.config import ServerConfig
+from shared.errors import ParamError, RequestTooLongError
+from shared.messages import SamplingParams
+from shared.model_info import ModelInfo
+from shared.tokenizer import Tokenizer
+
+_INT64 = 1 << 63
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+
+
+@dataclass
+class Job:
+    """One prompt to run n times."""
+
+    prompt_ids: list[int]
+    params: SamplingParams     # n == 1; fanout.py sets per-child seeds
+    prompt_text: str | None = None
+
+
+@dataclass
+class Prepared:
+    jobs: list[Job]
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: int | None       # None: no logprobs in the response
+
+
+def check_model(model: str | None, accepted: set[str]) -> None:
+    if model is not None and model not in accepted:
+        raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
+
+
+def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
+                 cfg: ServerConfig) -> Prepared:
+    if not req.messages:
+        raise ParamError("messages must be a non-empty list", param="messages")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ParamError("top_logprobs requires logprobs to be true", param="top_logprobs")
+    _check_range(req.top_logprobs, 0, cfg.max_logprobs, "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False)
+    _check_range(req.max_tokens, 1, info.max_model_len, "max_tokens")
+    _check_range(req.max_completion_tokens, 1, info.max_model_len, "max_completion_tokens")
+    if req.max_completion_tokens is not None:   # OpenAI's newer name wins
+        max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+    else:
+        max_tokens, param = req.max_tokens, "max_tokens"
+    limit = fit_context(len(ids), max_tokens, info.max_model_len, param, "messages", None)
+    params = sampling_params(req, limit, logprobs, info, cfg)
+    return _prepared(req, [Job(ids, params)], logprobs, cfg)
+
+
+def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
+                       cfg: ServerConfig) -> Prepared:
+    _check_range(req.logprobs, 0, cfg.max_logprobs, "logprobs")
+    _check_range(req.max_tokens, 1, None, "max_tokens")
+    jobs = []
+    for ids, text in prompt_token_ids(req.prompt, tok, info.vocab_size):
+        limit = fit_context(len(ids), req.max_tokens, info.max_model_len, "max_tokens", "prompt",
+                            COMPLETION_DEFAULT_MAX_TOKENS)
+        params = sampling_params(req, limit, req.logprobs, info, cfg)
+        jobs.append(Job(ids, params, text if req.echo else None))
+    return _prepared(req, jobs, req.logprobs, cfg)
+
+
+def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerConfig) -> Prepared:
+    n = 1 if req.n is None else req.n
+    _check_range(n, 1, cfg.max_n, "n")
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return Prepared(jobs, n, bool(req.stream), include_usage, logprobs)
+
+
+def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except ParamError:
+        raise
+    except Exception as exc:  # a template may raise anything on odd input; it is the client's input
+        raise ParamError(f"cannot render the chat template: {exc}", param="messages") from None
+    ids = tok.encode(text, add_special_tokens=False)
+    if not ids:
+        raise ParamError("the rendered chat has no tokens", param="messages")
+    return ids
+
+
+def prompt_token_ids(prompt: Any, tok: Tokenizer, vocab_size: int) -> list[tuple[list[int], str]]:
+    """Each prompt of a completions request as (token ids, text) - text is used by echo."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise ParamError("prompt must not be empty", param="prompt")
+    kinds = {type(p) for p in prompt}
+    if kinds == {int}:
+        prompt = [prompt]
+    elif len(kinds) > 1:
+        raise ParamError("prompt must not mix strings, token ids and lists", param="prompt")
+    out = []
+    for p in prompt:
+        ids = tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p
+        if not ids:
+            raise ParamError("prompt must not be empty", param="prompt")
+        check_token_ids(ids, vocab_size, "prompt")
+        out.append((ids, p if isinstance(p, str) else tok.decode(ids, skip_special_tokens=False)))
+    return out
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise ParamError(f"token ids must be in [0, {vocab_size})", param=param)
+
+
+def fit_context(n_prompt: int, max_tokens: int | None, max_model_len: int, param: str,
+                prompt_param: str, default: int | None) -> int:
+    """The max_tokens to run with; a prompt that does not fit raises RequestTooLongError."""
+    room = max_model_len - n_prompt
+    if room <= 0:
+        raise RequestTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
+            f"{n_prompt} tokens, leaving no room for the completion.", param=prompt_param)
+    if max_tokens is None:
+        return min(default or room, room)
+    if max_tokens > room:
+        raise RequestTooLongError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
+            f"completion). Please reduce the prompt or {param}.", param=param)
+    return max_tokens
+
+
+def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: ModelInfo,
+                    cfg: ServerConfig) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stop) > cfg.max_stop_strings:
+        raise ParamError(f"at most {cfg.max_stop_strings} stop strings are allowed", param="stop")
+    check_token_ids(req.stop_token_ids or [], info.vocab_size, "stop_token_ids")
+    _check_range(req.seed, -_INT64, _INT64 - 1, "seed")
+    _check_range(req.top_k, -1, _INT64 - 1, "top_k")
+    _check_range(req.min_tokens, 0, info.max_model_len, "min_tokens")
+    min_tokens = None if req.min_tokens is None else min(req.min_tokens, max_tokens)  # max wins
+    top_k = req.top_k if req.top_k is None or req.top_k < info.vocab_size else 0  # >= vocab: off
+    given: dict[str, Any] = {
+        "temperature": req.temperature, "top_p": req.top_p, "top_k": top_k, "min_p": req.min_p,
+        "seed": req.seed, "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty, "min_tokens": min_tokens,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": req.skip_special_tokens,
+    }
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
+
+
+def _check_range(value: int | None, lo: int | None, hi: int | None, param: str) -> None:
+    if value is None:
+        return
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"at least {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ParamError(f"{param} must be {bounds}, got {value}", param=param)

@@ -1,0 +1,59 @@
+"""CLI flags generated from the config dataclasses, so there is one configuration path."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+# Flag names that differ from the field name (issue-facing spellings).
+RENAMES = {"kv_cache_size_gb": "kv-cache-size"}
+HELP = {
+    "model": "HF-format folder or GGUF file (default: SmolLM2-135M-Instruct, fetched from PyPI)",
+    "dtype": "auto | float32 | bfloat16 (auto: bfloat16)",
+    "max_model_len": "context window in tokens (default: the model's)",
+    "num_threads": "torch intra-op threads",
+    "num_blocks": "KV cache blocks (overrides --kv-cache-size)",
+    "kv_cache_size_gb": "KV cache size in GiB",
+    "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "max_num_seqs": "most sequences per engine step",
+    "max_num_batched_tokens": "token budget of one engine step",
+    "engine": "v0: one process, one loop; v1: API process + engine-core process over ZMQ",
+    "api_key": "require 'Authorization: Bearer KEY' on /v1/* (env: TWINSERVE_API_KEY)",
+    "max_waiting_requests": "queued requests beyond this get HTTP 429",
+    "max_body_bytes": "request bodies larger than this get HTTP 413",
+    "trace": "record the lifecycle of every request",
+}
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + RENAMES.get(field_name, field_name.replace("_", "-"))
+
+
+def _parse_type(type_str: str) -> type | None:
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if type_str.startswith(name):
+            return typ
+    return None
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        typ = _parse_type(str(f.type))
+        if f.name in skip or typ is None:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kwargs: dict[str, Any] = {"dest": f"{cls.__name__}.{f.name}", "default": default,
+                                  "help": f"{HELP.get(f.name, '')} (default: {default})"}
+        if typ is not bool:
+            kwargs["metavar"] = f.name.upper()
+        if typ is bool:
+            group.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+        else:
+            group.add_argument(flag_name(f.name), type=typ, **kwargs)
+
+
+def build_dataclass(cls: type, ns: argparse.Namespace) -> Any:
+    prefix = f"{cls.__name__}."
+    values = {k[len(prefix):]: v for k, v in vars(ns).items() if k.startswith(prefix)}
+    return cls(**values)

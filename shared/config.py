@@ -1,0 +1,76 @@
+"""The one configuration path: dataclasses here, CLI flags mapped onto them (see cli.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None          # None: the default SmolLM2-135M-Instruct
+    dtype: str = "auto"               # auto | float32 | bfloat16
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0
+    num_threads: int | None = None    # torch intra-op threads; None keeps torch's default
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None     # None: derived from kv_cache_size_gb
+    kv_cache_size_gb: float = 0.5
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if self.kv_cache_size_gb <= 0:
+            raise ValueError("kv_cache_size_gb must be > 0")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+@dataclass
+class ServerConfig:
+    engine: str = "v1"                # v0 | v1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None        # also read from TWINSERVE_API_KEY
+    served_model_name: str | None = None
+    max_waiting_requests: int = 256
+    max_body_bytes: int = 1 << 20
+    max_stop_strings: int = 16
+    max_logprobs: int = 20
+    max_n: int = 16
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("v0", "v1"):
+            raise ValueError(f"engine must be v0 or v1, not {self.engine!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError("port must be in [0, 65535]")

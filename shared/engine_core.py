@@ -1,0 +1,101 @@
+"""The steppable engine core both engines drive: schedule -> run the model -> update.
+
+v0 calls ``begin_step`` / ``run_forward`` / ``finish_step`` itself so the forward pass can run
+in a worker thread; v1's core process and the offline ``LLM`` call ``step``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from shared.config import CacheConfig, EngineConfig
+from shared.messages import EngineCoreOutputs, EngineCoreRequest, StepTimes
+from shared.model_fetch import resolve_model
+from shared.model_info import ModelInfo
+from shared.model_runner import ModelInput, ModelRunner
+from shared.request import Request
+from shared.scheduler import Scheduler
+from shared.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class StepBatch:
+    """A step between its halves: what was scheduled and the tensors built for it."""
+
+    sched: SchedulerOutput
+    model_input: ModelInput
+    times: StepTimes
+
+
+class EngineCore:
+    """Owns the Scheduler and the ModelRunner. Synchronous; not thread-safe."""
+
+    def __init__(self, config: EngineConfig, model_path: Path | None = None) -> None:
+        path = model_path or resolve_model(config.model.model)
+        self.config = config
+        self.model_runner = ModelRunner(config, path)
+        runner = self.model_runner
+        cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks,
+                            enable_prefix_caching=config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, cache, runner.max_model_len)
+        self.model_info = ModelInfo(
+            name=config.model.model or "SmolLM2-135M-Instruct", path=str(path),
+            max_model_len=runner.max_model_len, vocab_size=runner.arch.vocab_size,
+            num_kv_blocks=runner.num_blocks, block_size=runner.block_size,
+        )
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a tokenized request; raises RequestTooLongError if it can never fit."""
+        self.scheduler.add_request(Request.from_core_request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Finish these requests now and return their KV blocks; unknown ids are ignored."""
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model and sample once; returns this step's new tokens."""
+        batch = self.begin_step()
+        if batch is None:
+            return self._outputs([], None)
+        logits = self.run_forward(batch)
+        return self.finish_step(batch, logits)
+
+    def begin_step(self) -> StepBatch | None:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if sched.is_empty:
+            return None
+        model_input = self.model_runner.prepare_inputs(sched)
+        t2 = time.perf_counter()
+        times = StepTimes(schedule=t1 - t0, prepare=t2 - t1, num_tokens=sched.num_scheduled_tokens,
+                          num_seqs=len(sched.scheduled))
+        return StepBatch(sched, model_input, times)
+
+    def run_forward(self, batch: StepBatch) -> torch.Tensor:
+        """The model's forward pass alone: the part v0 moves to a worker thread."""
+        t0 = time.perf_counter()
+        logits = self.model_runner.forward(batch.model_input)
+        batch.times.forward = time.perf_counter() - t0
+        return logits
+
+    def finish_step(self, batch: StepBatch, logits: torch.Tensor) -> EngineCoreOutputs:
+        t0 = time.perf_counter()
+        runner_out = self.model_runner.sample(batch.model_input, logits)
+        t1 = time.perf_counter()
+        outputs = self.scheduler.update_from_output(batch.sched, runner_out)
+        batch.times.sample = t1 - t0
+        batch.times.update = time.perf_counter() - t1
+        return self._outputs(outputs, batch.times)
+
+    def _outputs(self, outputs: list, times: StepTimes | None) -> EngineCoreOutputs:
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
+                                 stats=self.scheduler.get_stats(), step=times)

@@ -1,0 +1,116 @@
+"""Offline batch inference, as vLLM's ``LLM``: ``LLM().generate(prompts, SamplingParams())``."""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from shared.engine_core import EngineCore
+from shared.messages import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from shared.model_fetch import resolve_model
+from shared.output_processor import OutputProcessor
+from shared.outputs import CompletionOutput, RequestOutput
+from shared.tokenizer import Tokenizer
+
+Prompt = str | list[int]
+
+
+class CoreDriver(Protocol):
+    """What LLM needs from a core: the in-process EngineCore or a client of a core process."""
+
+    def add_request(self, request: EngineCoreRequest) -> None: ...
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+    def step(self) -> EngineCoreOutputs: ...
+    def has_unfinished_requests(self) -> bool: ...
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto",
+                 max_model_len: int | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
+                 num_blocks: int | None = None, enable_prefix_caching: bool = True,
+                 seed: int = 0, num_threads: int | None = None,
+                 core: CoreDriver | None = None) -> None:
+        path = resolve_model(model)
+        self.config = EngineConfig(
+            model=ModelConfig(model=str(path), dtype=dtype, max_model_len=max_model_len,
+                              seed=seed, num_threads=num_threads),
+            cache=CacheConfig(num_blocks=num_blocks, kv_cache_size_gb=kv_cache_size_gb,
+                              enable_prefix_caching=enable_prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                      max_num_batched_tokens=max_num_batched_tokens),
+        )
+        self.tokenizer = Tokenizer(path)
+        self.core: CoreDriver = core or EngineCore(self.config, path)
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[RequestOutput]:
+        """One RequestOutput per prompt (strings or token-id lists), in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = _per_prompt(sampling_params, len(prompts))
+        token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        texts = [p if isinstance(p, str) else None for p in prompts]
+        return self._run(token_lists, params, texts)
+
+    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             ) -> list[RequestOutput]:
+        """Apply the chat template to each OpenAI-style message list, then generate."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        texts = [self.tokenizer.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
+        return self.generate(texts, sampling_params)
+
+    def _run(self, token_lists: list[list[int]], params: list[SamplingParams],
+             texts: list[str | None]) -> list[RequestOutput]:
+        processor = OutputProcessor(self.tokenizer)
+        results: dict[str, tuple[RequestOutput, int]] = {}
+        ordered: list[RequestOutput] = []
+        for tokens, p, text in zip(token_lists, params, texts):
+            rid = str(next(self._ids))
+            result = RequestOutput(rid, tokens, [CompletionOutput(i) for i in range(p.n)], prompt=text)
+            ordered.append(result)
+            for i in range(p.n):
+                child = f"{rid}-{i}"
+                child_params = p.for_child(i)
+                self.core.add_request(EngineCoreRequest(child, tokens, child_params,
+                                                        self.tokenizer.eos_token_id, time.time()))
+                processor.add_request(child, tokens, child_params, prompt=text)
+                results[child] = (result, i)
+        while self.core.has_unfinished_requests():
+            step = self.core.step()
+            processed = processor.process_outputs(step.outputs)
+            if processed.reqs_to_abort:
+                self.core.abort_requests(processed.reqs_to_abort)
+            for out in processed.request_outputs:
+                parent, index = results[out.request_id]
+                _accumulate(parent.outputs[index], out.outputs[0])
+                parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
+        for r in ordered:
+            r.finished = True
+        return ordered
+
+
+def _per_prompt(sp: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if sp is None:
+        return [SamplingParams()] * n
+    if isinstance(sp, SamplingParams):
+        return [sp] * n
+    if len(sp) != n:
+        raise ValueError(f"got {len(sp)} sampling params for {n} prompts")
+    return list(sp)
+
+
+def _accumulate(total: CompletionOutput, delta: CompletionOutput) -> None:
+    total.text += delta.text
+    total.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None:
+        total.logprobs = (total.logprobs or []) + delta.logprobs
+    if delta.finish_reason is not None:
+        total.finish_reason = delta.finish_reason
+        total.stop_reason = delta.stop_reason

@@ -1,0 +1,129 @@
+"""Typed messages both engines use: v0 passes these objects, v1 encodes them with msgpack.
+
+Everything that crosses the v1 process boundary is declared here (never pickle).
+"""
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from shared.errors import ParamError
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How one request is decoded. Field names follow vLLM's SamplingParams."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                     # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16        # None: up to the context length
+    min_tokens: int = 0
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None        # top alternatives per token; 0: the sampled token only
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.n >= 1, "n", "n must be at least 1")
+        _check(math.isfinite(self.temperature) and self.temperature >= 0,
+               "temperature", "temperature must be a finite number >= 0")
+        _check(math.isfinite(self.top_p) and 0 < self.top_p <= 1, "top_p", "top_p must be in (0, 1]")
+        _check(self.top_k >= -1, "top_k", "top_k must be -1 (disabled), 0 (disabled) or positive")
+        _check(math.isfinite(self.min_p) and 0 <= self.min_p <= 1, "min_p", "min_p must be in [0, 1]")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be at least 1")
+        _check(self.min_tokens >= 0, "min_tokens", "min_tokens must be >= 0")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+               "min_tokens", "min_tokens must not exceed max_tokens")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and -2 <= v <= 2, name, f"{name} must be in [-2, 2]")
+        _check(math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 10,
+               "repetition_penalty", "repetition_penalty must be in (0, 10]")
+        _check(self.logprobs is None or self.logprobs >= 0, "logprobs", "logprobs must be >= 0")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
+        _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def for_child(self, index: int) -> SamplingParams:
+        """Params of choice ``index`` when n > 1 fans out into n sequences (seed + index)."""
+        seed = None if self.seed is None else self.seed + index
+        return msgspec.structs.replace(self, n=1, seed=seed)
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise ParamError(message, param=param)
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A tokenized request handed to the engine core (lifecycle step 4)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    trace: bool = False
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """The sampled token's logprob and rank, plus the top-N alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """New tokens of one request from one engine step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None   # stop | length | abort
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+
+class SchedulerStats(msgspec.Struct, array_like=True):
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    kv_cache_usage: float               # share of blocks held by live requests
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+class StepTimes(msgspec.Struct, array_like=True):
+    """Wall time of one engine step's phases, in seconds."""
+
+    schedule: float = 0.0
+    prepare: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    update: float = 0.0
+    num_tokens: int = 0
+    num_seqs: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    outputs: list[EngineCoreOutput]
+    timestamp: float
+    stats: SchedulerStats | None = None
+    step: StepTimes | None = None

@@ -1,0 +1,29 @@
+"""What the front end hands to callers: per-request outputs (never crosses processes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.messages import TokenLogprobs
+
+
+@dataclass
+class CompletionOutput:
+    """One choice. From the OutputProcessor ``text``/``token_ids``/``logprobs`` are this
+    step's delta; ``LLM`` and non-streaming responses accumulate them."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0
+    prompt: str | None = None

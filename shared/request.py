@@ -1,0 +1,90 @@
+"""A request's state inside the engine core (scheduler and model runner share it)."""
+from __future__ import annotations
+
+import enum
+
+from shared.messages import EngineCoreRequest, SamplingParams, TokenLogprobs
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASON.get(self)
+
+
+_FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED}
+_FINISH_REASON = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """Prompt, generated tokens and progress of one sequence.
+
+    ``num_computed_tokens`` counts tokens whose K/V sit in the cache; the scheduler moves it
+    forward, resets it on preemption, and the prefix cache may start it above zero.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        arrival_time: float = 0.0,
+        trace: bool = False,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.trace = trace
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprobs] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0      # prefix-cache hit on first scheduling
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        # Effective limit on output tokens, set by the scheduler from max_tokens and context.
+        self.max_output_tokens: int = sampling_params.max_tokens or 0
+
+    @classmethod
+    def from_core_request(cls, req: EngineCoreRequest) -> Request:
+        return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
+                   req.eos_token_id, req.arrival_time, req.trace)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "
+                f"out={self.num_output_tokens}, computed={self.num_computed_tokens}, {self.status.name})")
