@@ -2,5 +2,6 @@
 from __future__ import annotations
 
 from engine_v1.client import AsyncLLM
+from engine_v1.core_client import CoreProcessClient
 
-__all__ = ["AsyncLLM"]
+__all__ = ["AsyncLLM", "CoreProcessClient"]

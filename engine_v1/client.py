@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -58,6 +59,9 @@ class AsyncLLM(EngineFrontend):
         if self._handler is None:
             self._handler = asyncio.get_running_loop().create_task(self._output_handler(),
                                                                    name="v1-output-handler")
+
+    async def get_stats(self) -> dict[str, Any]:
+        return {**await super().get_stats(), "ipc_dir": str(self.launcher.ipc_dir)}
 
     async def check_health(self) -> None:
         self._ensure_handler()

@@ -61,6 +61,12 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(argv: list[str]) -> int:
+    from compare.cli import main as compare_main
+
+    return compare_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="twinserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,11 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in _ENGINE_DATACLASSES:
         add_dataclass_args(gen, cls)
     gen.set_defaults(func=cmd_generate)
+    # `compare` parses its own flags (see compare/cli.py); listed here for --help.
+    sub.add_parser("compare", help="run v0 and v1 side by side and report (twinserve compare --help)",
+                   add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return cmd_compare(argv[1:])
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)

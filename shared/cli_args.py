@@ -22,6 +22,7 @@ HELP = {
     "max_waiting_requests": "queued requests beyond this get HTTP 429",
     "max_body_bytes": "request bodies larger than this get HTTP 413",
     "trace": "record the lifecycle of every request",
+    "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
 }
 
 

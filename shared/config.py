@@ -12,6 +12,9 @@ class ModelConfig:
     seed: int = 0
     num_threads: int | None = None    # torch intra-op threads; None keeps torch's default
     device: str = "cpu"
+    # Testing only: the forward pass raises after this many steps (0: never), so tests can
+    # check that a dying engine fails requests cleanly in both topologies.
+    debug_fail_after_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

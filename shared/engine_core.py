@@ -41,8 +41,9 @@ class EngineCore:
         cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks,
                             enable_prefix_caching=config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, cache, runner.max_model_len)
+        self._num_forwards = 0
         self.model_info = ModelInfo(
-            name=config.model.model or "SmolLM2-135M-Instruct", path=str(path),
+            name=path.name, path=str(path),
             max_model_len=runner.max_model_len, vocab_size=runner.arch.vocab_size,
             num_kv_blocks=runner.num_blocks, block_size=runner.block_size,
         )
@@ -82,6 +83,10 @@ class EngineCore:
 
     def run_forward(self, batch: StepBatch) -> torch.Tensor:
         """The model's forward pass alone: the part v0 moves to a worker thread."""
+        self._num_forwards += 1
+        fail_after = self.config.model.debug_fail_after_steps
+        if fail_after and self._num_forwards > fail_after:
+            raise RuntimeError(f"injected forward failure after {fail_after} steps")
         t0 = time.perf_counter()
         logits = self.model_runner.forward(batch.model_input)
         batch.times.forward = time.perf_counter() - t0

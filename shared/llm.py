@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -32,7 +33,9 @@ class LLM:
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, num_threads: int | None = None,
-                 core: CoreDriver | None = None) -> None:
+                 core_factory: Callable[[EngineConfig, Path], CoreDriver] | None = None) -> None:
+        """``core_factory`` builds the core from the config and model folder; the default is
+        an in-process EngineCore, ``engine_v1.CoreProcessClient`` runs it in its own process."""
         path = resolve_model(model)
         self.config = EngineConfig(
             model=ModelConfig(model=str(path), dtype=dtype, max_model_len=max_model_len,
@@ -43,7 +46,7 @@ class LLM:
                                       max_num_batched_tokens=max_num_batched_tokens),
         )
         self.tokenizer = Tokenizer(path)
-        self.core: CoreDriver = core or EngineCore(self.config, path)
+        self.core: CoreDriver = (core_factory or EngineCore)(self.config, path)
         self._ids = itertools.count()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],

@@ -100,7 +100,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def debug_stats(request: Request) -> Response:
-    return json_response(await _state(request).engine.get_stats())
+    st = _state(request)
+    return json_response({**await st.engine.get_stats(), "loop_lag": st.loop_probe.snapshot()})
 
 
 async def openapi(request: Request) -> Response:
@@ -171,6 +172,7 @@ class _Server(uvicorn.Server):
         if self.started:
             host, port = self.servers[0].sockets[0].getsockname()[:2]
             print(f"twinserve: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+            self.twinserve.loop_probe.start()
 
 
 async def run_server(engine: EngineClient, config: ServerConfig) -> None:
@@ -183,6 +185,7 @@ async def run_server(engine: EngineClient, config: ServerConfig) -> None:
     try:
         await server.serve()
     finally:
+        await app.state.twinserve.loop_probe.stop()
         for fan in list(app.state.twinserve.inflight):
             fan.close()
         try:

@@ -8,6 +8,7 @@ from shared.api.logprobs import TokenText
 from shared.api.metrics import ApiMetrics
 from shared.config import ServerConfig
 from shared.engine_client import EngineClient
+from shared.loop_probe import LoopLagProbe
 
 if TYPE_CHECKING:
     from shared.api.fanout import FanOut
@@ -22,6 +23,7 @@ class AppState:
     model_name: str
     accepted_models: set[str]
     inflight: set[FanOut] = field(default_factory=set)   # for abort on shutdown
+    loop_probe: LoopLagProbe = field(default_factory=LoopLagProbe)
     shutting_down: bool = False
 
     @classmethod

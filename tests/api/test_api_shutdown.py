@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.api.api_helpers import CHAT, HELLO, sse_data
-from tests.api.conftest import ENGINES, start_server, stop_server
+from tests.server_util import ENGINES, start_server, stop_server
 
 
 @pytest.mark.parametrize("engine", ENGINES)
