@@ -32,5 +32,10 @@ serve: install model
 bench-offline: install model
 	$(PY) -m compare.bench_offline
 
+# A short v0-vs-v1 comparison (a few minutes); `twinserve compare --help` for the long one.
+bench: install model
+	$(VENV)/bin/twinserve compare --out bench-results --repeats 1 --concurrency 1 16 64 \
+		--rate-num-prompts 16
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -15,6 +15,7 @@ from shared.frontend import EngineFrontend
 from shared.messages import EngineCoreRequest
 from shared.model_fetch import resolve_model
 from shared.tokenizer import Tokenizer
+from shared.trace import Tracer
 
 log = logging.getLogger("twinserve.v0")
 
@@ -24,12 +25,15 @@ class AsyncEngine(EngineFrontend):
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int = 256) -> None:
         path = resolve_model(config.model.model)
-        self.core = EngineCore(config, path)
+        # One process: the core's trace events carry this process's name too.
+        self.core = EngineCore(config, path, tracer=Tracer(self.process_name))
         super().__init__(Tokenizer(path), self.core.model_info, max_waiting_requests)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def _submit(self, request: EngineCoreRequest) -> None:
+        if request.trace:
+            self.tracer.event(request.request_id, 4, "handed to the engine", {"link": "direct call"})
         self.core.add_request(request)
         self._ensure_running()
         self._wake.set()

@@ -44,6 +44,9 @@ class AsyncLLM(EngineFrontend):
     def _submit(self, request: EngineCoreRequest) -> None:
         self._ensure_handler()
         self._send(wire.ADD, request)
+        if request.trace:
+            self.tracer.event(request.request_id, 4, "handed to the engine",
+                              {"link": "ZMQ PUSH over IPC, msgpack"})
 
     def _abort_in_core(self, request_ids: list[str]) -> None:
         self._send(wire.ABORT, request_ids)

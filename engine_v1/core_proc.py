@@ -25,6 +25,7 @@ from shared.config import EngineConfig
 from shared.engine_core import EngineCore
 from shared.errors import ParamError
 from shared.messages import EngineCoreOutputs
+from shared.trace import Tracer
 
 _STOP = object()
 
@@ -40,7 +41,7 @@ class EngineCoreProc:
         self.output_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
         self.output_thread.start()
         try:
-            self.core = EngineCore(config, model_path)
+            self.core = EngineCore(config, model_path, tracer=Tracer("engine-core"))
         except BaseException as e:
             self.fail(f"engine core failed to start: {type(e).__name__}: {e}")
             self.close()  # flush the failure to the API process before exiting
@@ -56,8 +57,12 @@ class EngineCoreProc:
     def _input_loop(self) -> None:
         """Receive and decode frames off the main thread; zmq releases the GIL while waiting."""
         while True:
-            frames = self.in_sock.recv_multipart(copy=False)
-            self.input_queue.put(self.codec.decode([f.bytes for f in frames]))
+            frames = [f.bytes for f in self.in_sock.recv_multipart(copy=False)]
+            tag, payload = self.codec.decode(frames)
+            if tag == wire.ADD and payload.trace:
+                self.core.tracer.event(payload.request_id, 4, "decoded by the core's input thread",
+                                       {"bytes": sum(len(f) for f in frames)})
+            self.input_queue.put((tag, payload))
 
     def _output_loop(self) -> None:
         while True:
@@ -98,7 +103,7 @@ class EngineCoreProc:
     def _process_engine_step(self) -> None:
         outputs = self.core.step()
         self._idle_reported = False
-        if outputs.outputs or outputs.step is not None:
+        if outputs.outputs or outputs.step is not None or outputs.trace_events:
             self.output_queue.put(outputs)
 
     def _report_idle(self) -> None:

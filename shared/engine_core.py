@@ -19,6 +19,7 @@ from shared.model_runner import ModelInput, ModelRunner
 from shared.request import Request
 from shared.scheduler import Scheduler
 from shared.scheduler_output import SchedulerOutput
+from shared.trace import Tracer
 
 
 @dataclass
@@ -33,14 +34,17 @@ class StepBatch:
 class EngineCore:
     """Owns the Scheduler and the ModelRunner. Synchronous; not thread-safe."""
 
-    def __init__(self, config: EngineConfig, model_path: Path | None = None) -> None:
+    def __init__(self, config: EngineConfig, model_path: Path | None = None,
+                 tracer: Tracer | None = None) -> None:
         path = model_path or resolve_model(config.model.model)
         self.config = config
+        # Traced requests' core events (steps 5-11) ride back on this step's outputs.
+        self.tracer = tracer or Tracer("engine-core")
         self.model_runner = ModelRunner(config, path)
         runner = self.model_runner
         cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks,
                             enable_prefix_caching=config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, cache, runner.max_model_len)
+        self.scheduler = Scheduler(config.scheduler, cache, runner.max_model_len, self.tracer)
         self._num_forwards = 0
         self.model_info = ModelInfo(
             name=path.name, path=str(path),
@@ -79,6 +83,10 @@ class EngineCore:
         t2 = time.perf_counter()
         times = StepTimes(schedule=t1 - t0, prepare=t2 - t1, num_tokens=sched.num_scheduled_tokens,
                           num_seqs=len(sched.scheduled))
+        if sched.traced:
+            self._trace_batch(sched, 8, "inputs prepared",
+                              {"batch_tokens": times.num_tokens, "batch_seqs": times.num_seqs,
+                               "prepare_ms": round(times.prepare * 1e3, 3)})
         return StepBatch(sched, model_input, times)
 
     def run_forward(self, batch: StepBatch) -> torch.Tensor:
@@ -87,9 +95,19 @@ class EngineCore:
         fail_after = self.config.model.debug_fail_after_steps
         if fail_after and self._num_forwards > fail_after:
             raise RuntimeError(f"injected forward failure after {fail_after} steps")
+        traced = batch.sched.traced
+        if traced:
+            self._trace_batch(batch.sched, 9, "forward launched", {"batch_tokens": batch.times.num_tokens})
         t0 = time.perf_counter()
         logits = self.model_runner.forward(batch.model_input)
         batch.times.forward = time.perf_counter() - t0
+        if traced:   # attention (step 10) read each request's K/V through its block table
+            for s in traced:
+                self.tracer.event(s.request.request_id, 10, "forward done",
+                                  {"forward_ms": round(batch.times.forward * 1e3, 3),
+                                   "kv_tokens_read": s.start + s.num_new_tokens,
+                                   "blocks_read": len(s.block_ids)},
+                                  decode=s.start >= s.request.num_prompt_tokens)
         return logits
 
     def finish_step(self, batch: StepBatch, logits: torch.Tensor) -> EngineCoreOutputs:
@@ -103,4 +121,10 @@ class EngineCore:
 
     def _outputs(self, outputs: list, times: StepTimes | None) -> EngineCoreOutputs:
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),
-                                 stats=self.scheduler.get_stats(), step=times)
+                                 stats=self.scheduler.get_stats(), step=times,
+                                 trace_events=self.tracer.drain())
+
+    def _trace_batch(self, sched: SchedulerOutput, step: int, name: str, detail: dict) -> None:
+        for s in sched.traced or ():
+            self.tracer.event(s.request.request_id, step, name, detail,
+                              decode=s.start >= s.request.num_prompt_tokens, depth=2)

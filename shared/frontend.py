@@ -18,6 +18,8 @@ from shared.model_info import ModelInfo
 from shared.output_processor import OutputProcessor
 from shared.outputs import RequestOutput
 from shared.tokenizer import Tokenizer
+from shared.trace import Tracer
+from shared.trace_store import TraceStore
 
 _STEP_PHASES = ("schedule", "prepare", "forward", "sample", "update")
 _FRONTEND_PHASES = ("output",)  # detokenization and stream feeding, in the API process
@@ -26,6 +28,7 @@ _FRONTEND_PHASES = ("output",)  # detokenization and stream feeding, in the API 
 class EngineFrontend:
     tokenizer: Tokenizer
     model_info: ModelInfo
+    process_name = "api-server"   # how this process appears in lifecycle traces
 
     def __init__(self, tokenizer: Tokenizer, model_info: ModelInfo, max_waiting_requests: int) -> None:
         self.tokenizer = tokenizer
@@ -39,6 +42,11 @@ class EngineFrontend:
                                        "num_total_blocks": model_info.num_kv_blocks}
         self._step_totals = {p: 0.0 for p in _STEP_PHASES + _FRONTEND_PHASES} | {"steps": 0, "tokens": 0}
         self.core_pid: int | None = None
+        # Lifecycle traces: the API layer records steps 1-3 and 13, this class 4 and 12; the
+        # core's events arrive with its outputs. Only traced requests enter _traced.
+        self.traces = TraceStore()
+        self.tracer = Tracer(self.process_name, sink=self.traces.add)
+        self._traced: dict[str, int] = {}     # request id -> outputs seen so far
 
     # -- hooks for the engines ---------------------------------------------------------------
     def _submit(self, request: EngineCoreRequest) -> None:
@@ -57,8 +65,12 @@ class EngineFrontend:
         if request_id in self._queues:
             raise ValueError(f"request id {request_id!r} is already in flight")
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        keep_all = trace and self.traces.keep_all(request_id)
         request = EngineCoreRequest(request_id, prompt_token_ids, params,
-                                    self.tokenizer.eos_token_id, time.time(), trace)
+                                    self.tokenizer.eos_token_id, time.time(), trace, keep_all)
+        if trace:
+            self.tracer.begin(request_id, keep_all)
+            self._traced[request_id] = 0
         self.output_processor.add_request(request_id, prompt_token_ids, params)
         self._queues[request_id] = queue
         finished = False
@@ -73,6 +85,9 @@ class EngineFrontend:
                 yield item
         finally:
             self._queues.pop(request_id, None)
+            if trace:
+                self._traced.pop(request_id, None)
+                self.tracer.end(request_id)
             if not finished:
                 self.output_processor.abort_request(request_id)
                 if self._dead is None:
@@ -98,10 +113,14 @@ class EngineFrontend:
     def process_engine_outputs(self, outputs: EngineCoreOutputs) -> None:
         """Detokenize, check stop strings, feed each request's stream (lifecycle step 12)."""
         t0 = time.perf_counter()
+        if outputs.trace_events:    # before any stream is fed, so a finished trace is whole
+            self.traces.add_all(outputs.trace_events)
         processed = self.output_processor.process_outputs(outputs.outputs)
         if processed.reqs_to_abort:
             self._abort_in_core(processed.reqs_to_abort)
         for out in processed.request_outputs:
+            if self._traced and out.request_id in self._traced:
+                self._trace_output(out)
             queue = self._queues.get(out.request_id)
             if queue is not None:
                 queue.put_nowait(out)
@@ -110,6 +129,13 @@ class EngineFrontend:
         if outputs.step is not None:
             self._add_step_times(outputs.step)
         self._step_totals["output"] += time.perf_counter() - t0
+
+    def _trace_output(self, out: RequestOutput) -> None:
+        seen = self._traced[out.request_id] = self._traced[out.request_id] + 1
+        delta = out.outputs[0]
+        self.tracer.event(out.request_id, 12, "detokenized",
+                          {"text": delta.text, "tokens": len(delta.token_ids),
+                           "finish_reason": delta.finish_reason}, decode=seen > 1, depth=2)
 
     def _update_stats(self, s: SchedulerStats) -> None:
         self._stats.update(num_running=s.num_running, num_waiting=s.num_waiting,

@@ -9,6 +9,7 @@ import math
 import msgspec
 
 from shared.errors import ParamError
+from shared.trace import TraceEvent
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -76,6 +77,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: int | None
     arrival_time: float
     trace: bool = False
+    trace_decode: bool = False      # trace every decode step instead of summarising them
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):
@@ -127,3 +129,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     timestamp: float
     stats: SchedulerStats | None = None
     step: StepTimes | None = None
+    # Lifecycle events of traced requests recorded in the core (steps 5-11); omitted on the
+    # wire when None, so untraced traffic pays nothing.
+    trace_events: list[TraceEvent] | None = None

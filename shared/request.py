@@ -46,6 +46,7 @@ class Request:
         eos_token_id: int | None = None,
         arrival_time: float = 0.0,
         trace: bool = False,
+        trace_decode: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -53,6 +54,7 @@ class Request:
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
         self.trace = trace
+        self.trace_decode = trace_decode    # keep every decode step's events (no summary)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprobs] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -67,7 +69,7 @@ class Request:
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
-                   req.eos_token_id, req.arrival_time, req.trace)
+                   req.eos_token_id, req.arrival_time, req.trace, req.trace_decode)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -20,13 +20,14 @@ from shared.kv_cache import KVCacheManager
 from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 from shared.request import Request, RequestStatus
 from shared.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from shared.trace import Tracer
 
 
 class Scheduler:
     """Picks each step's batch, owns the KV cache bookkeeping and decides when requests stop."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 max_model_len: int) -> None:
+                 max_model_len: int, tracer: Tracer | None = None) -> None:
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be resolved before building a Scheduler")
         self.config = scheduler_config
@@ -38,6 +39,7 @@ class Scheduler:
         self.running: list[Request] = []           # admission order: the last is the newest
         self.num_preemptions = 0
         self._finished_ids: list[str] = []         # since the last non-empty schedule()
+        self.tracer = tracer or Tracer("engine-core")
 
     # -- add_request / abort_requests -------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -49,6 +51,10 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.trace:
+            self.tracer.begin(request.request_id, request.trace_decode)
+            self.tracer.event(request.request_id, 5, "queued",
+                              {"prompt_tokens": request.num_prompt_tokens, "waiting": len(self.waiting)})
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         """Finish these requests now and free their blocks; unknown ids are ignored."""
@@ -143,12 +149,30 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_hit
         self.running.append(req)
-        self._add_scheduled(out, req, num_new)
+        self._add_scheduled(out, req, num_new, num_hit)
         return num_new
 
-    def _add_scheduled(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
+    def _add_scheduled(self, out: SchedulerOutput, req: Request, num_new: int,
+                       num_hit: int = 0) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
-        out.scheduled.append(ScheduledRequest(req, req.num_computed_tokens, num_new, block_ids))
+        s = ScheduledRequest(req, req.num_computed_tokens, num_new, block_ids)
+        out.scheduled.append(s)
+        if req.trace:
+            self._trace_scheduled(out, s, num_hit)
+
+    def _trace_scheduled(self, out: SchedulerOutput, s: ScheduledRequest, num_hit: int) -> None:
+        """Steps 6 and 7 of a traced request: picked for this batch, blocks in hand."""
+        if out.traced is None:
+            out.traced = []
+        out.traced.append(s)
+        rid, decode = s.request.request_id, s.start >= s.request.num_prompt_tokens
+        self.tracer.event(rid, 6, "scheduled", {"new_tokens": s.num_new_tokens, "computed": s.start,
+                                                "running": len(self.running)},
+                          decode=decode, depth=2)
+        kv = self.kv_cache_manager
+        self.tracer.event(rid, 7, "KV blocks allocated",
+                          {"blocks": len(s.block_ids), "free_blocks": kv.num_free_blocks,
+                           "prefix_hit_tokens": num_hit}, decode=decode, depth=2)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Recompute later: drop its KV, keep its outputs, queue it before everyone else."""
@@ -185,6 +209,10 @@ class Scheduler:
         req.append_output_token(token)
         if logprobs is not None:
             req.output_logprobs.append(logprobs)
+        if req.trace:
+            self.tracer.event(req.request_id, 11, "token sampled",
+                              {"token_id": token, "output_tokens": req.num_output_tokens},
+                              decode=req.num_output_tokens > 1)
         status = self._check_stop(req, token)
         if status is not None:
             self._finish(req, status)
@@ -209,8 +237,13 @@ class Scheduler:
     def _finish(self, req: Request, status: RequestStatus) -> None:
         """Mark finished and free the blocks now; the caller takes it out of its queue."""
         req.status = status
+        num_blocks = len(self.kv_cache_manager.get_block_ids(req.request_id)) if req.trace else 0
         self.kv_cache_manager.free(req)
         del self.requests[req.request_id]
+        if req.trace:
+            self.tracer.end(req.request_id)
+            self.tracer.event(req.request_id, 11, "finished in the core, KV blocks freed",
+                              {"reason": status.finish_reason, "blocks_freed": num_blocks})
         self._finished_ids.append(req.request_id)
 
     # -- queries ----------------------------------------------------------------------------

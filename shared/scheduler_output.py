@@ -34,6 +34,8 @@ class SchedulerOutput:
     preempted_ids: list[str] = field(default_factory=list)
     # Requests that finished or were aborted since the last step: the runner drops their state.
     finished_ids: list[str] = field(default_factory=list)
+    # The traced subset of ``scheduled``; None (not allocated) when no request is traced.
+    traced: list[ScheduledRequest] | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -16,6 +16,7 @@ from shared.errors import ParamError, RequestTooLongError
 from shared.messages import SamplingParams
 from shared.model_info import ModelInfo
 from shared.tokenizer import Tokenizer
+from shared.trace import TraceHandle
 
 _INT64 = 1 << 63
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -45,14 +46,14 @@ def check_model(model: str | None, accepted: set[str]) -> None:
 
 
 def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
-                 cfg: ServerConfig) -> Prepared:
+                 cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
     if not req.messages:
         raise ParamError("messages must be a non-empty list", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs requires logprobs to be true", param="top_logprobs")
     _check_range(req.top_logprobs, 0, cfg.max_logprobs, "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False)
+    ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False, trace)
     _check_range(req.max_tokens, 1, info.max_model_len, "max_tokens")
     _check_range(req.max_completion_tokens, 1, info.max_model_len, "max_completion_tokens")
     if req.max_completion_tokens is not None:   # OpenAI's newer name wins
@@ -65,11 +66,14 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
 
 
 def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
-                       cfg: ServerConfig) -> Prepared:
+                       cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
     _check_range(req.logprobs, 0, cfg.max_logprobs, "logprobs")
     _check_range(req.max_tokens, 1, None, "max_tokens")
     jobs = []
-    for ids, text in prompt_token_ids(req.prompt, tok, info.vocab_size):
+    prompts = prompt_token_ids(req.prompt, tok, info.vocab_size)
+    if trace is not None:
+        trace.mark(3, "tokenized", {"prompts": len(prompts), "prompt_tokens": [len(p[0]) for p in prompts]})
+    for ids, text in prompts:
         limit = fit_context(len(ids), req.max_tokens, info.max_model_len, "max_tokens", "prompt",
                             COMPLETION_DEFAULT_MAX_TOKENS)
         params = sampling_params(req, limit, req.logprobs, info, cfg)
@@ -84,14 +88,19 @@ def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerCo
     return Prepared(jobs, n, bool(req.stream), include_usage, logprobs)
 
 
-def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool) -> list[int]:
+def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                trace: TraceHandle | None = None) -> list[int]:
     try:
         text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     except ParamError:
         raise
     except Exception as exc:  # a template may raise anything on odd input; it is the client's input
         raise ParamError(f"cannot render the chat template: {exc}", param="messages") from None
+    if trace is not None:
+        trace.mark(2, "chat template rendered", {"messages": len(messages), "chars": len(text)})
     ids = tok.encode(text, add_special_tokens=False)
+    if trace is not None:
+        trace.mark(3, "tokenized", {"prompt_tokens": len(ids)})
     if not ids:
         raise ParamError("the rendered chat has no tokens", param="messages")
     return ids

@@ -22,8 +22,10 @@ from shared.api.httputil import ClientGone, read_body, unless_disconnected
 from shared.api.logprobs import CompletionLogprobs
 from shared.api.requests import Prepared
 from shared.api.state import AppState
+from shared.api.tracing import start_trace, trace_finished, trace_sent
 from shared.messages import TokenLogprobs
 from shared.outputs import RequestOutput
+from shared.trace import TraceHandle
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Ctx:
     model: str
     prepared: Prepared
     choices: dict[int, Choice] = field(default_factory=dict)
+    trace: TraceHandle | None = None      # set when this request's lifecycle is traced
 
     def choice(self, index: int) -> Choice:
         if index not in self.choices:
@@ -97,7 +100,7 @@ class Serving:
     def __init__(self, state: AppState) -> None:
         self.state = state
 
-    def prepare(self, body: bytes) -> Prepared:
+    def prepare(self, body: bytes, trace: TraceHandle | None = None) -> Prepared:
         raise NotImplementedError
 
     def on_output(self, ctx: Ctx, index: int, out: RequestOutput) -> list[dict]:
@@ -111,11 +114,13 @@ class Serving:
         raise NotImplementedError
 
     async def __call__(self, request: Request) -> Response:
+        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        trace = start_trace(self.state, request, request_id)
         body = await read_body(request, self.state.config.max_body_bytes)
-        prepared = self.prepare(body)
-        ctx = Ctx(f"{self.id_prefix}-{uuid.uuid4().hex}", int(time.time()), self.state.model_name, prepared)
+        prepared = self.prepare(body, trace)
+        ctx = Ctx(request_id, int(time.time()), self.state.model_name, prepared, trace=trace)
         fan = FanOut(self.state.engine, ctx.id, prepared.jobs, prepared.n, self.state.metrics,
-                     self.state.inflight, trace=self.state.config.trace).start()
+                     self.state.inflight, traces=None if trace is None else self.state.traces).start()
         streaming = False
         try:
             # Wait for the first output before answering, so queue-full and engine errors
@@ -125,7 +130,10 @@ class Serving:
                 streaming = True
                 return _FanOutSSE(self._events(ctx, first, fan), fan)
             await unless_disconnected(request, self._collect(ctx, first, fan))
-            return json_response(self.full_response(ctx))
+            response = json_response(self.full_response(ctx))
+            if ctx.trace is not None:
+                trace_finished(ctx, "JSON")
+            return response
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the engine work is aborted
         finally:
@@ -141,11 +149,16 @@ class Serving:
                       fan: FanOut) -> AsyncIterator[str]:
         try:
             while item is not None:
-                for chunk in self.on_output(ctx, *item):
+                chunks = self.on_output(ctx, *item)
+                for chunk in chunks:
                     yield encode(chunk)
+                if ctx.trace is not None:
+                    trace_sent(ctx, item[0], len(chunks))
                 item = await fan.next()
             if ctx.prepared.include_usage:
                 yield encode(self.usage_chunk(ctx))
+            if ctx.trace is not None:
+                trace_finished(ctx, "SSE")
         except Exception as exc:  # after the headers went out, errors travel as an SSE event
             yield encode(to_api_error(exc).body())
         finally:

@@ -6,16 +6,17 @@ from shared.api.protocol import ChatCompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_chat
 from shared.api.serving import Ctx, Serving, finish_reason
 from shared.outputs import RequestOutput
+from shared.trace import TraceHandle
 
 
 class ChatServing(Serving):
     id_prefix = "chatcmpl"
 
-    def prepare(self, body: bytes) -> Prepared:
+    def prepare(self, body: bytes, trace: TraceHandle | None = None) -> Prepared:
         req = decode_body(body, ChatCompletionRequest)
         check_model(req.model, self.state.accepted_models)
         engine = self.state.engine
-        return prepare_chat(req, engine.tokenizer, engine.model_info, self.state.config)
+        return prepare_chat(req, engine.tokenizer, engine.model_info, self.state.config, trace)
 
     def on_output(self, ctx: Ctx, index: int, out: RequestOutput) -> list[dict]:
         choice = ctx.choice(index)

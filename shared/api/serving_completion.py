@@ -6,16 +6,19 @@ from shared.api.protocol import CompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_completion
 from shared.api.serving import Choice, Ctx, Serving, finish_reason
 from shared.outputs import RequestOutput
+from shared.trace import TraceHandle
 
 
 class CompletionServing(Serving):
     id_prefix = "cmpl"
 
-    def prepare(self, body: bytes) -> Prepared:
+    def prepare(self, body: bytes, trace: TraceHandle | None = None) -> Prepared:
         req = decode_body(body, CompletionRequest)
         check_model(req.model, self.state.accepted_models)
+        if trace is not None:
+            trace.mark(2, "body validated (no chat template)", {"prompt": type(req.prompt).__name__})
         engine = self.state.engine
-        return prepare_completion(req, engine.tokenizer, engine.model_info, self.state.config)
+        return prepare_completion(req, engine.tokenizer, engine.model_info, self.state.config, trace)
 
     def on_output(self, ctx: Ctx, index: int, out: RequestOutput) -> list[dict]:
         choice = ctx.choice(index)
