@@ -27,7 +27,9 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
     slot = tl.load(slot_ptr + i)                      # int64: cache offsets can pass 2**31
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < num_kv_heads) & (d < HEAD_DIM) & (slot >= 0)
+    # The slot test is broadcast to a full tile (a scalar bool mask trips the interpreter).
+    keep = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
+    mask = (h < num_kv_heads) & (d < HEAD_DIM) & keep
     block = tl.maximum(slot, 0) // block_size
     dst = block * stride_cb + (tl.maximum(slot, 0) % block_size) * stride_cs + h * stride_ch + d
     k = tl.load(k_ptr + i * stride_kn + h * stride_kh + d, mask=mask)

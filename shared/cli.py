@@ -1,4 +1,4 @@
-"""``twinserve``: serve, fetch-model, generate. The one place that picks an engine."""
+"""``twinserve``: serve, fetch-model, generate, trace. The one place that picks an engine."""
 from __future__ import annotations
 
 import argparse
@@ -61,6 +61,12 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(ns: argparse.Namespace) -> int:
+    from shared.trace_cli import cmd_trace as run_trace
+
+    return run_trace(ns)
+
+
 def cmd_compare(argv: list[str]) -> int:
     from compare.cli import main as compare_main
 
@@ -85,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     for cls in _ENGINE_DATACLASSES:
         add_dataclass_args(gen, cls)
     gen.set_defaults(func=cmd_generate)
+    trace = sub.add_parser("trace", help="trace one chat request from curl to token (table + diagram)")
+    from shared.trace_cli import add_trace_args
+    add_trace_args(trace)
+    trace.set_defaults(func=cmd_trace)
     # `compare` parses its own flags (see compare/cli.py); listed here for --help.
     sub.add_parser("compare", help="run v0 and v1 side by side and report (twinserve compare --help)",
                    add_help=False)
@@ -93,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the rest
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:
         return cmd_compare(argv[1:])

@@ -21,8 +21,13 @@ HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on /v1/* (env: TWINSERVE_API_KEY)",
     "max_waiting_requests": "queued requests beyond this get HTTP 429",
     "max_body_bytes": "request bodies larger than this get HTTP 413",
-    "trace": "record the lifecycle of every request",
+    "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
+    "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
+    "attention_backend": "auto | torch | triton (auto: Triton kernels on CUDA, torch on CPU)",
+    "gpu_memory_utilization": "CUDA: share of free GPU memory for weights + KV cache when "
+                              "--num-blocks is not given",
+    "enforce_eager": "CUDA: run decode steps eagerly instead of replaying CUDA graphs",
 }
 
 

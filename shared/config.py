@@ -12,6 +12,9 @@ class ModelConfig:
     seed: int = 0
     num_threads: int | None = None    # torch intra-op threads; None keeps torch's default
     device: str = "cpu"
+    attention_backend: str = "auto"   # auto (triton on CUDA, torch elsewhere) | torch | triton
+    gpu_memory_utilization: float = 0.9   # CUDA: share of free GPU memory for model + KV cache
+    enforce_eager: bool = False       # CUDA: no decode CUDA graphs
     # Testing only: the forward pass raises after this many steps (0: never), so tests can
     # check that a dying engine fails requests cleanly in both topologies.
     debug_fail_after_steps: int = 0
@@ -21,6 +24,11 @@ class ModelConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, "
+                             f"not {self.attention_backend!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
 
 @dataclass
@@ -70,7 +78,8 @@ class ServerConfig:
     max_stop_strings: int = 16
     max_logprobs: int = 20
     max_n: int = 16
-    trace: bool = False
+    trace: bool = False               # trace every request's lifecycle (/debug/lifecycle)
+    trace_decode: bool = False        # traces keep every decode step instead of a summary
 
     def __post_init__(self) -> None:
         if self.engine not in ("v0", "v1"):

@@ -129,6 +129,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     timestamp: float
     stats: SchedulerStats | None = None
     step: StepTimes | None = None
-    # Lifecycle events of traced requests recorded in the core (steps 5-11); omitted on the
-    # wire when None, so untraced traffic pays nothing.
+    # Lifecycle events of traced requests recorded in the core (steps 5-11); None when no
+    # request is traced, which costs one nil byte per frame (array_like keeps trailing fields).
     trace_events: list[TraceEvent] | None = None

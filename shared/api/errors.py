@@ -1,6 +1,8 @@
 """OpenAI error objects: every failure a client sees is one of these, never a stack trace."""
 from __future__ import annotations
 
+import logging
+
 import msgspec
 from starlette.responses import Response
 
@@ -17,6 +19,8 @@ _KINDS: dict[int, tuple[str, str | None]] = {
     500: ("server_error", "internal_error"),
     503: ("server_error", "engine_unavailable"),
 }
+
+log = logging.getLogger("twinserve.api")
 
 
 class APIError(Exception):
@@ -53,5 +57,6 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(429, str(exc) or "too many requests are waiting; retry later")
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc) or "the engine cannot serve requests")
-    # Unexpected: name the class only, so no internals leak to the client.
+    # Unexpected: log the traceback for the operator, name only the class to the client.
+    log.error("internal error while serving a request", exc_info=exc)
     return APIError(500, f"internal server error ({type(exc).__name__})")

@@ -25,6 +25,7 @@ from shared.api.serving import json_response
 from shared.api.serving_chat import ChatServing
 from shared.api.serving_completion import CompletionServing
 from shared.api.state import AppState
+from shared.api.tracing import lifecycle, lifecycle_all
 from shared.config import ServerConfig
 from shared.engine_client import EngineClient
 from shared.errors import ParamError
@@ -130,6 +131,8 @@ def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
         Route("/detokenize", g(detokenize), methods=["POST"]),
         Route("/metrics", g(metrics), methods=["GET"]),
         Route("/debug/stats", g(debug_stats), methods=["GET"]),
+        Route("/debug/lifecycle", g(lifecycle_all), methods=["GET"]),
+        Route("/debug/lifecycle/{request_id}", g(lifecycle), methods=["GET"]),
         Route("/openapi.json", g(openapi), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(AuthMiddleware, api_key=config.api_key)],

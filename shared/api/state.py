@@ -9,6 +9,8 @@ from shared.api.metrics import ApiMetrics
 from shared.config import ServerConfig
 from shared.engine_client import EngineClient
 from shared.loop_probe import LoopLagProbe
+from shared.trace import Tracer
+from shared.trace_store import TraceStore
 
 if TYPE_CHECKING:
     from shared.api.fanout import FanOut
@@ -22,6 +24,8 @@ class AppState:
     texts: TokenText
     model_name: str
     accepted_models: set[str]
+    traces: TraceStore                 # lifecycle traces (/debug/lifecycle)
+    tracer: Tracer                     # records this process's trace events into ``traces``
     inflight: set[FanOut] = field(default_factory=set)   # for abort on shutdown
     loop_probe: LoopLagProbe = field(default_factory=LoopLagProbe)
     shutting_down: bool = False
@@ -30,6 +34,10 @@ class AppState:
     def create(cls, engine: EngineClient, config: ServerConfig) -> AppState:
         info = engine.model_info
         name = config.served_model_name or info.name
+        # Share the engine's store, so its events and ours land in one trace; an engine
+        # without one (a test fake) gets a store that only sees the HTTP steps.
+        traces = getattr(engine, "traces", None) or TraceStore()
+        tracer = getattr(engine, "tracer", None) or Tracer("api-server", sink=traces.add)
         return cls(engine=engine, config=config, metrics=ApiMetrics(config.engine),
                    texts=TokenText(engine.tokenizer), model_name=name,
-                   accepted_models={name, info.name, info.path})
+                   accepted_models={name, info.name, info.path}, traces=traces, tracer=tracer)

@@ -5,6 +5,8 @@ RMSNorm before RoPE (Qwen3), tied embeddings, RoPE scaling. Inference only.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,6 +15,9 @@ from shared.attention import AttentionPlan, TorchAttention
 from shared.attention_metadata import AttentionMetadata
 from shared.models.arch_config import ArchConfig
 from shared.models.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope
+
+if TYPE_CHECKING:  # the Triton backend imports triton; the CPU path never loads it
+    from shared.attention_triton import TritonAttention
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -84,6 +89,12 @@ class LlamaForCausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, plan, kv_cache)
         return self.norm(h)
+
+    def set_attention_backend(self, backend: TorchAttention | TritonAttention) -> None:
+        """Swap the attention implementation of every layer (one backend object is shared)."""
+        self.attn_backend = backend
+        for layer in self.layers:
+            layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, hidden] -> float32 logits [M, vocab]."""
