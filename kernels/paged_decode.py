@@ -39,6 +39,11 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
+def decode_block_n() -> int:
+    """Keys per loop iteration: small tiles keep the interpreter fast."""
+    return 16 if interpreting() else 64
+
+
 def decode_split_len(max_seq_len: int, block_n: int) -> int:
     """Keys per split: at least MIN_SPLIT_LEN, and few enough splits to stay under MAX_SPLITS."""
     want = max(MIN_SPLIT_LEN, cdiv(max(max_seq_len, 1), MAX_SPLITS))
@@ -146,7 +151,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if b == 0:
         return out
     kvh = k_cache.shape[2]
-    block_n = 16 if interpreting() else 64
+    block_n = decode_block_n()
     split_len = split_len or decode_split_len(max_seq_len, block_n)
     num_splits = cdiv(max(max_seq_len, 1), split_len)
     part_o, part_lse = workspace or decode_workspace(b, h, d, num_splits, q.device)

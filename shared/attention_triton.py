@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._triton import cdiv, interpreting
-from kernels.paged_decode import decode_split_len, decode_workspace, paged_decode
+from kernels._triton import cdiv
+from kernels.paged_decode import decode_block_n, decode_split_len, decode_workspace, paged_decode
 from kernels.paged_prefill import paged_prefill
 from kernels.store_kv import store_kv
 from shared.attention_metadata import AttentionMetadata
@@ -46,7 +46,7 @@ class TritonAttention:
         max_q = max(meta.query_lens_list, default=0)
         max_seq = max(meta.seq_lens_list, default=0)
         decode_only = max_q == 1 and min(meta.query_lens_list) == 1
-        split_len = decode_split_len(max_seq, 16 if interpreting() else 64)
+        split_len = decode_split_len(max_seq, decode_block_n())
         workspace = None
         if decode_only:
             workspace = decode_workspace(meta.num_seqs, self.num_heads, self.head_dim,

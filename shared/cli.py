@@ -9,6 +9,7 @@ import sys
 
 from shared.cli_args import add_dataclass_args, build_dataclass
 from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
+from shared.trace_cli import add_trace_args, cmd_trace
 
 _ENGINE_DATACLASSES = (ModelConfig, CacheConfig, SchedulerConfig)
 
@@ -61,12 +62,6 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_trace(ns: argparse.Namespace) -> int:
-    from shared.trace_cli import cmd_trace as run_trace
-
-    return run_trace(ns)
-
-
 def cmd_compare(argv: list[str]) -> int:
     from compare.cli import main as compare_main
 
@@ -92,9 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_dataclass_args(gen, cls)
     gen.set_defaults(func=cmd_generate)
     trace = sub.add_parser("trace", help="trace one chat request from curl to token (table + diagram)")
-    from shared.trace_cli import add_trace_args
     add_trace_args(trace)
-    trace.set_defaults(func=cmd_trace)
+    trace.set_defaults(func=cmd_trace)   # shared/trace_cli.py
     # `compare` parses its own flags (see compare/cli.py); listed here for --help.
     sub.add_parser("compare", help="run v0 and v1 side by side and report (twinserve compare --help)",
                    add_help=False)

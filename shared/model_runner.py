@@ -99,6 +99,8 @@ class ModelRunner:
                                             self.block_size, self.dtype, mc.device)
         self.graphs = self._capture_graphs(config) if use_graphs else None
         self.sampler = Sampler()
+        logger.info("model runner: %s %s, %s attention, %d KV blocks, CUDA graphs %s", self.device,
+                    self.dtype, self.attention_backend, self.num_blocks, "on" if use_graphs else "off")
 
     def _use_triton_attention(self) -> None:
         from shared.attention_triton import TritonAttention

@@ -19,7 +19,7 @@ from shared.engine_client import EngineClient
 from shared.errors import EngineDeadError
 from shared.messages import SamplingParams
 from shared.outputs import RequestOutput
-from shared.trace_store import TraceStore
+from shared.api.tracing import HttpTrace
 
 
 @dataclass
@@ -34,12 +34,10 @@ class _Child:
 
 class FanOut:
     def __init__(self, engine: EngineClient, base_id: str, jobs: list[Job], n: int,
-                 metrics: ApiMetrics, registry: set[FanOut], traces: TraceStore | None = None) -> None:
+                 metrics: ApiMetrics, registry: set[FanOut], trace: HttpTrace | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
-        self.base_id = base_id
-        self.traces = traces            # set only when this request is traced
-        self.trace = traces is not None
+        self.trace = trace              # set only when this request's lifecycle is traced
         self.arrival = time.perf_counter()
         self.children = [
             _Child(j * n + i, f"{base_id}-{j * n + i}", job.prompt_ids, job.params.for_child(i))
@@ -52,9 +50,9 @@ class FanOut:
 
     def start(self) -> FanOut:
         self._registry.add(self)
-        if self.traces is not None:     # children's core events group under the response id
+        if self.trace is not None:      # children's core events group under the response id
             for child in self.children:
-                self.traces.link(child.request_id, self.base_id)
+                self.trace.link(child.request_id)
         self._tasks = [asyncio.create_task(self._pump(c)) for c in self.children]
         return self
 
@@ -77,8 +75,8 @@ class FanOut:
     def close(self) -> None:
         """Synchronous on purpose: it runs in finally blocks of cancelled handlers."""
         self._registry.discard(self)
-        if self.traces is not None:
-            self.traces.finish(self.base_id)
+        if self.trace is not None:
+            self.trace.close()
         for task in self._tasks:
             task.cancel()
 
@@ -92,7 +90,7 @@ class FanOut:
         gen: object = None
         try:
             gen = self.engine.generate(child.request_id, child.prompt_ids, child.params,
-                                       trace=self.trace)
+                                       trace=self.trace is not None)
             if inspect.isawaitable(gen):  # tolerate an engine whose generate is a coroutine
                 gen = await gen
             async for out in gen:

@@ -189,6 +189,11 @@ def _simple_get(summary: str, schema: dict[str, Any], *errors: int, media: str =
     return {"get": op}
 
 
+def _path_param(path_item: dict[str, Any], name: str) -> dict[str, Any]:
+    return {**path_item, "parameters": [{"name": name, "in": "path", "required": True,
+                                         "schema": {"type": "string"}}]}
+
+
 def _token_op(summary: str, request: str, result: dict[str, Any]) -> dict[str, Any]:
     ok = {"description": "OK", "content": {"application/json": {"schema": result}}}
     return {"post": {"summary": summary, "security": [{"bearer": []}],
@@ -207,6 +212,11 @@ def openapi_schema(cfg: ServerConfig, info: ModelInfo, model_name: str) -> dict[
         "/version": _simple_get("Server version and engine", obj),
         "/metrics": _simple_get("Prometheus metrics", {"type": "string"}, media="text/plain"),
         "/debug/stats": _simple_get("engine.get_stats() as JSON", obj, 401, secure=True),
+        "/debug/lifecycle": _simple_get("Every finished lifecycle trace (ring buffer)", obj, 401,
+                                        secure=True),
+        "/debug/lifecycle/{request_id}": _path_param(_simple_get(
+            "One request's lifecycle events (traced with X-Twinserve-Trace: 1 or --trace)",
+            obj, 401, 404, secure=True), "request_id"),
         "/openapi.json": _simple_get("This document", obj),
         "/tokenize": _token_op("Tokenize a prompt or chat", "TokenizeRequest", {
             "type": "object", "required": ["tokens", "count", "max_model_len"],

@@ -22,7 +22,7 @@ from shared.api.httputil import ClientGone, read_body, unless_disconnected
 from shared.api.logprobs import CompletionLogprobs
 from shared.api.requests import Prepared
 from shared.api.state import AppState
-from shared.api.tracing import start_trace, trace_finished, trace_sent
+from shared.api.tracing import HttpTrace, start_trace, trace_finished, trace_sent
 from shared.messages import TokenLogprobs
 from shared.outputs import RequestOutput
 from shared.trace import TraceHandle
@@ -51,7 +51,7 @@ class Ctx:
     model: str
     prepared: Prepared
     choices: dict[int, Choice] = field(default_factory=dict)
-    trace: TraceHandle | None = None      # set when this request's lifecycle is traced
+    trace: HttpTrace | None = None        # set when this request's lifecycle is traced
 
     def choice(self, index: int) -> Choice:
         if index not in self.choices:
@@ -116,11 +116,16 @@ class Serving:
     async def __call__(self, request: Request) -> Response:
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         trace = start_trace(self.state, request, request_id)
-        body = await read_body(request, self.state.config.max_body_bytes)
-        prepared = self.prepare(body, trace)
+        try:
+            body = await read_body(request, self.state.config.max_body_bytes)
+            prepared = self.prepare(body, trace)
+        except Exception:
+            if trace is not None:   # a refused request keeps its partial trace
+                trace.close()
+            raise
         ctx = Ctx(request_id, int(time.time()), self.state.model_name, prepared, trace=trace)
         fan = FanOut(self.state.engine, ctx.id, prepared.jobs, prepared.n, self.state.metrics,
-                     self.state.inflight, traces=None if trace is None else self.state.traces).start()
+                     self.state.inflight, trace=trace).start()
         streaming = False
         try:
             # Wait for the first output before answering, so queue-full and engine errors

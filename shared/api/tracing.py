@@ -6,6 +6,7 @@ A request is traced when the server runs with ``--trace`` or it sends
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -15,6 +16,7 @@ from starlette.responses import Response
 from shared.api.errors import APIError
 from shared.config import ServerConfig
 from shared.trace import TraceHandle
+from shared.trace_store import TraceStore
 
 if TYPE_CHECKING:
     from shared.api.serving import Ctx
@@ -37,7 +39,22 @@ def trace_mode(header: str | None, config: ServerConfig) -> str | None:
     return "on"
 
 
-def start_trace(state: AppState, request: Request, request_id: str) -> TraceHandle | None:
+@dataclass
+class HttpTrace(TraceHandle):
+    """One traced HTTP request: marks its steps, links its engine requests, closes it."""
+
+    traces: TraceStore
+
+    def link(self, engine_request_id: str) -> None:
+        self.traces.link(engine_request_id, self.request_id)
+
+    def close(self) -> None:
+        """However the request ended: drop per-request state, keep the trace (idempotent)."""
+        self.tracer.end(self.request_id)
+        self.traces.finish(self.request_id)
+
+
+def start_trace(state: AppState, request: Request, request_id: str) -> HttpTrace | None:
     """Step 1 of a traced request; None (and nothing recorded) when it is not traced."""
     mode = trace_mode(request.headers.get(TRACE_HEADER), state.config)
     if mode is None:
@@ -46,7 +63,7 @@ def start_trace(state: AppState, request: Request, request_id: str) -> TraceHand
     state.tracer.begin(request_id, keep_all=mode == "all")
     state.tracer.event(request_id, 1, "HTTP request received",
                        {"method": request.method, "path": request.url.path, "trace": mode}, depth=2)
-    return TraceHandle(state.tracer, request_id)
+    return HttpTrace(state.tracer, request_id, state.traces)
 
 
 def trace_sent(ctx: Ctx, index: int, num_chunks: int) -> None:

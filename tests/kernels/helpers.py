@@ -1,9 +1,12 @@
-"""Random paged-attention batches: ragged lengths, shuffled blocks, tables padded with 0."""
+"""Random paged-attention batches (ragged lengths, shuffled blocks, tables padded with 0) and a
+tiny random Llama."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from shared.models import ArchConfig, LlamaForCausalLM
 
 # Tolerances against the references, per dtype of the kernel's inputs.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -51,3 +54,17 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
     return PagedBatch(q.to(device), k_cache.to(device), v_cache.to(device), tables.to(device),
                       qsl.to(device), torch.tensor(seq_lens, dtype=torch.int32, device=device),
                       head_dim ** -0.5)
+
+
+def tiny_model(dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
+    """2 layers, 6 query heads over 2 KV heads (GQA 3:1), vocabulary 97; weights of std 0.3."""
+    arch = ArchConfig.from_hf_dict(dict(
+        model_type="llama", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=97,
+        max_position_embeddings=64))
+    gen = torch.Generator().manual_seed(seed)
+    model = LlamaForCausalLM(arch)
+    for name, p in model.named_parameters():
+        noise = torch.randn(p.shape, generator=gen)
+        p.data = (1 + 0.1 * noise if "norm" in name else 0.3 * noise).to(dtype)
+    return model.eval().requires_grad_(False)

@@ -10,26 +10,14 @@ import torch
 from shared.attention import TorchAttention
 from shared.attention_metadata import AttentionMetadata
 from shared.model_loader import allocate_kv_caches
-from shared.models import ArchConfig, LlamaForCausalLM
+from shared.models import LlamaForCausalLM
+from tests.kernels.helpers import tiny_model
 
 pytest.importorskip("triton")
 
 BLOCK_SIZE = 4
 # Each step: (sequence, number of new tokens). Sequence 1 arrives as two prompt chunks.
 STEPS = [[(0, 6)], [(0, 1), (1, 5)], [(0, 1), (1, 4)], [(0, 1), (1, 1)], [(0, 1), (1, 1)]]
-
-
-def tiny_model(dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
-    arch = ArchConfig.from_hf_dict(dict(
-        model_type="llama", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=97,
-        max_position_embeddings=64))
-    gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(arch)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen)
-        p.data = (1 + 0.1 * noise if "norm" in name else 0.3 * noise).to(dtype)
-    return model.eval().requires_grad_(False)
 
 
 def run(model: LlamaForCausalLM, device: torch.device) -> list[torch.Tensor]:
