@@ -22,7 +22,20 @@ REQUESTS = [
 
 
 def _choices(resp: dict) -> list[dict]:
-    return [{k: v for k, v in c.items()} for c in resp["choices"]]
+    return list(resp["choices"])
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, except floats (logprobs) within 1e-3: the two children of n=2 may share a step
+    or not (and hit the prefix cache or not) depending on timing, which moves float32
+    logprobs in the last digits without changing any token."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-3
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +57,7 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[dic
 
 
 def test_v0_and_v1_answer_identically(answers: dict[str, list[list[dict]]]) -> None:
-    assert answers["v0"] == answers["v1"]
+    assert _same(answers["v0"], answers["v1"]), (answers["v0"], answers["v1"])
     greedy = answers["v0"][0][0]["message"]["content"]
     assert greedy == "The capital of France is Paris."
     seeded = answers["v0"][1]
