@@ -221,8 +221,8 @@ def stage_serving(args: argparse.Namespace) -> Result:
     class Settings(ServerSettings):
         extra: tuple[str, ...] = ()
 
-        def argv(self, engine: str, port: int) -> list[str]:
-            return super().argv(engine, port) + list(self.extra)
+        def flags(self) -> list[str]:
+            return super().flags() + list(self.extra)
 
     dry = args.cpu_dry_run
     folder = model_folder(args, "small")

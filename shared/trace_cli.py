@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from shared import trace_render
+from shared.server_process import ServerProcess
 
 _START_TIMEOUT_S = 300.0
 _STOP_TIMEOUT_S = 15.0
@@ -30,10 +26,12 @@ _STOP_TIMEOUT_S = 15.0
 
 @dataclass
 class TracedServer:
-    proc: subprocess.Popen
-    base_url: str
+    process: ServerProcess
     api_key: str
-    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
 
     @property
     def headers(self) -> dict[str, str]:
@@ -99,49 +97,22 @@ def fetch(server: TracedServer, path: str) -> dict:
     return resp.json()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(engine: str, model: str | None = None, dtype: str | None = None) -> TracedServer:
     """``twinserve serve`` on loopback with a random API key; returns once /health is ok."""
-    port, key = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "shared.cli", "serve", "--engine", engine, "--host", "127.0.0.1",
-           "--port", str(port), "--api-key", key]
-    cmd += ["--model", model] if model else []
-    cmd += ["--dtype", dtype] if dtype else []
+    key = secrets.token_hex(16)
+    flags = ["--api-key", key]
+    flags += ["--model", model] if model else []
+    flags += ["--dtype", dtype] if dtype else []
     log_path = Path(tempfile.mkdtemp(prefix="twinserve-trace-")) / "server.log"
-    repo = Path(__file__).resolve().parents[1]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = TracedServer(proc, f"http://127.0.0.1:{port}", key, log_path)
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {_tail(log_path)}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    stop(server)
-    raise RuntimeError(f"the server was not healthy within {_START_TIMEOUT_S:.0f} s: {_tail(log_path)}")
+    process = ServerProcess(engine, flags, log_path)
+    try:
+        process.start(_START_TIMEOUT_S)
+    except (RuntimeError, TimeoutError):
+        shutil.rmtree(log_path.parent, ignore_errors=True)
+        raise
+    return TracedServer(process, key)
 
 
 def stop(server: TracedServer) -> None:
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-    try:
-        server.proc.wait(timeout=_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
-    shutil.rmtree(server.log_path.parent, ignore_errors=True)
-
-
-def _tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-2000:]
+    server.process.stop(_STOP_TIMEOUT_S)
+    shutil.rmtree(server.process.log_path.parent, ignore_errors=True)

@@ -1,19 +1,15 @@
 """Start and stop a real twinserve server on loopback (used by the api and engine tests)."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from shared.server_process import ServerProcess
+
 API_KEY = "test-key"
-REPO = Path(__file__).resolve().parents[1]
 ENGINES = ["v0", "v1"]
 _START_TIMEOUT_S = 120
 _STOP_TIMEOUT_S = 15
@@ -26,6 +22,7 @@ class Server:
     api_key: str
     pid: int
     proc: subprocess.Popen
+    process: ServerProcess
 
     @property
     def headers(self) -> dict[str, str]:
@@ -35,44 +32,16 @@ class Server:
         return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=60, **kw)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(engine: str, log_path: Path, *extra: str) -> Server:
-    port = free_port()
-    cmd = [sys.executable, "-m", "shared.cli", "serve", "--engine", engine, "--port", str(port),
-           "--max-num-seqs", "32", "--kv-cache-size", "0.25", "--max-waiting-requests", "64",
-           "--api-key", API_KEY, *extra]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = Server(engine, f"http://127.0.0.1:{port}", API_KEY, proc.pid, proc)
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    stop_server(server)
-    raise RuntimeError(f"server not healthy after {_START_TIMEOUT_S}s: {log_path.read_text()[-3000:]}")
+    """Small limits so tests can reach them; ``extra`` flags come last and win."""
+    flags = ["--max-num-seqs", "32", "--kv-cache-size", "0.25", "--max-waiting-requests", "64",
+             "--api-key", API_KEY, *extra]
+    process = ServerProcess(engine, flags, log_path)
+    process.start(_START_TIMEOUT_S)
+    assert process.proc is not None
+    return Server(engine, process.base_url, API_KEY, process.proc.pid, process.proc, process)
 
 
 def stop_server(server: Server) -> int | None:
-    """SIGTERM, then SIGKILL on timeout; returns the exit code (None if it had to be killed)."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-    try:
-        return server.proc.wait(timeout=_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
-        return None
-
-
+    """SIGTERM, then SIGKILL on timeout; returns the exit code."""
+    return server.process.stop(_STOP_TIMEOUT_S)
