@@ -53,7 +53,7 @@ class AsyncLLM(EngineFrontend):
 
     def _send(self, tag: bytes, payload: object) -> None:
         try:
-            self.launcher.in_sock.send_multipart(self.codec.encode(tag, payload), flags=zmq.NOBLOCK)
+            self.launcher.send(self.codec.encode(tag, payload))
         except zmq.ZMQError as e:
             self.fail_all(e)
             raise EngineDeadError(f"engine core unreachable: {e}") from e

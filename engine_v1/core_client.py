@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import zmq
 
 from engine_v1 import wire
 from engine_v1.launcher import CoreLauncher
@@ -62,4 +61,4 @@ class CoreProcessClient:
         self.launcher.stop()
 
     def _send(self, tag: bytes, payload: object) -> None:
-        self.launcher.in_sock.send_multipart(self.codec.encode(tag, payload), flags=zmq.NOBLOCK)
+        self.launcher.send(self.codec.encode(tag, payload))

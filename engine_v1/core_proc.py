@@ -40,14 +40,15 @@ class EngineCoreProc:
         self.out_sock.connect(output_addr)
         self.output_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
         self.output_thread.start()
+        # Connect the input side before the (slow) model load, so the link is up by READY.
+        self.in_sock = self.ctx.socket(zmq.PULL)
+        self.in_sock.connect(input_addr)
         try:
             self.core = EngineCore(config, model_path, tracer=Tracer("engine-core"))
         except BaseException as e:
             self.fail(f"engine core failed to start: {type(e).__name__}: {e}")
             self.close()  # flush the failure to the API process before exiting
             raise
-        self.in_sock = self.ctx.socket(zmq.PULL)
-        self.in_sock.connect(input_addr)
         threading.Thread(target=self._input_loop, name="core-input", daemon=True).start()
         self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid()))
         self._running = True

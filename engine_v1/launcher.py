@@ -70,6 +70,13 @@ class CoreLauncher:
                 raise CoreStartError(f"engine core process exited with code {self.process.exitcode}")
         raise CoreStartError(f"engine core did not report ready within {timeout_s:.0f} s")
 
+    def send(self, frames: list[bytes], timeout_ms: int = 2000) -> None:
+        """Send to the core; raises zmq.Again if it cannot take a message within the bound
+        (no connected peer: the core is gone or, right after start-up, not linked yet)."""
+        if not self.in_sock.poll(timeout_ms, zmq.POLLOUT):
+            raise zmq.Again()
+        self.in_sock.send_multipart(frames, flags=zmq.NOBLOCK)
+
     def is_alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
