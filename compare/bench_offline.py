@@ -14,8 +14,8 @@ import time
 import numpy as np
 import torch
 
-from shared.model_fetch import resolve_model
-from shared.tokenizer import Tokenizer
+from shared.frontend.tokenizer import Tokenizer
+from shared.worker.model_fetch import resolve_model
 
 
 def make_prompts(n: int, lo: int, hi: int, vocab: int, special: set[int], seed: int) -> list[list[int]]:

@@ -47,9 +47,8 @@ class Dataset:
 
 
 def model_folder(cfg: CompareConfig, setting: str) -> Path:
-    from shared.model_fetch import resolve_model
-
     from compare.tiny_model import ensure_tiny_model
+    from shared.worker.model_fetch import resolve_model
 
     real = resolve_model(cfg.model_path if setting == "default" else None)
     return real if setting == "default" else ensure_tiny_model(real, seed=cfg.seed)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.server_process import ServerProcess as _Launcher
-from shared.server_process import free_port
+from shared.cli.server_process import ServerProcess as _Launcher
+from shared.cli.server_process import free_port
 
 __all__ = ["ServerProcess", "ServerSettings", "free_port"]
 
@@ -30,7 +30,7 @@ class ServerSettings:
 
 
 class ServerProcess(_Launcher):
-    """A twinserve server started with ``settings`` (see shared/server_process.py)."""
+    """A twinserve server started with ``settings`` (see shared/cli/server_process.py)."""
 
     def __init__(self, engine: str, settings: ServerSettings, log_path: Path) -> None:
         super().__init__(engine, settings.flags(), log_path)

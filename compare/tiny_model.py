@@ -21,7 +21,7 @@ _DONE = ".twinserve-complete"
 
 
 def tiny_model_dir(seed: int = 0) -> Path:
-    from shared.model_fetch import cache_dir
+    from shared.worker.model_fetch import cache_dir
 
     return cache_dir() / "models" / f"tiny-random-llama-s{seed}"
 

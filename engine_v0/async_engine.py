@@ -11,11 +11,13 @@ from typing import Any
 
 from shared.config import EngineConfig
 from shared.engine_core import EngineCore
-from shared.frontend import EngineFrontend
+from shared.frontend.base import EngineFrontend
+from shared.frontend.tasks import cancel_and_wait
+from shared.frontend.tokenizer import Tokenizer
 from shared.messages import EngineCoreRequest
-from shared.model_fetch import resolve_model
-from shared.tokenizer import Tokenizer
-from shared.trace import Tracer
+from shared.trace.steps import Step
+from shared.trace.tracer import Tracer
+from shared.worker.model_fetch import resolve_model
 
 log = logging.getLogger("twinserve.v0")
 
@@ -33,7 +35,8 @@ class AsyncEngine(EngineFrontend):
 
     def _submit(self, request: EngineCoreRequest) -> None:
         if request.trace:
-            self.tracer.event(request.request_id, 4, "handed to the engine", {"link": "direct call"})
+            self.tracer.event(request.request_id, Step.SUBMITTED, "handed to the engine",
+                              {"link": "direct call"}, where=self._submit)
         self.core.add_request(request)
         self._ensure_running()
         self._wake.set()
@@ -76,11 +79,6 @@ class AsyncEngine(EngineFrontend):
         return await super().get_stats()
 
     async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self.fail_all(RuntimeError("server shutting down"))

@@ -16,10 +16,12 @@ from engine_v1 import wire
 from engine_v1.launcher import CoreLauncher
 from shared.config import EngineConfig
 from shared.errors import EngineDeadError, ParamError
-from shared.frontend import EngineFrontend
+from shared.frontend.base import EngineFrontend
+from shared.frontend.tasks import cancel_and_wait
+from shared.frontend.tokenizer import Tokenizer
 from shared.messages import EngineCoreOutputs, EngineCoreRequest
-from shared.model_fetch import resolve_model
-from shared.tokenizer import Tokenizer
+from shared.trace.steps import Step
+from shared.worker.model_fetch import resolve_model
 
 log = logging.getLogger("twinserve.v1")
 _POLL_MS = 250  # how often the output handler checks that the core is alive
@@ -45,8 +47,8 @@ class AsyncLLM(EngineFrontend):
         self._ensure_handler()
         self._send(wire.ADD, request)
         if request.trace:
-            self.tracer.event(request.request_id, 4, "handed to the engine",
-                              {"link": "ZMQ PUSH over IPC, msgpack"})
+            self.tracer.event(request.request_id, Step.SUBMITTED, "handed to the engine",
+                              {"link": "ZMQ PUSH over IPC, msgpack"}, where=self._submit)
 
     def _abort_in_core(self, request_ids: list[str]) -> None:
         self._send(wire.ABORT, request_ids)
@@ -100,12 +102,7 @@ class AsyncLLM(EngineFrontend):
             self.fail_all(RuntimeError(payload.message))
 
     async def shutdown(self) -> None:
-        if self._handler is not None:
-            self._handler.cancel()
-            try:
-                await self._handler
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._handler)
         if self._dead is None:
             self.fail_all(RuntimeError("server shutting down"))
         await asyncio.to_thread(self.launcher.stop)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from engine_v1 import wire
 from engine_v1.launcher import CoreLauncher
 from shared.config import EngineConfig

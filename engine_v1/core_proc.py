@@ -25,7 +25,8 @@ from shared.config import EngineConfig
 from shared.engine_core import EngineCore
 from shared.errors import ParamError
 from shared.messages import EngineCoreOutputs
-from shared.trace import Tracer
+from shared.trace.steps import Step
+from shared.trace.tracer import Tracer
 
 _STOP = object()
 
@@ -61,8 +62,9 @@ class EngineCoreProc:
             frames = [f.bytes for f in self.in_sock.recv_multipart(copy=False)]
             tag, payload = self.codec.decode(frames)
             if tag == wire.ADD and payload.trace:
-                self.core.tracer.event(payload.request_id, 4, "decoded by the core's input thread",
-                                       {"bytes": sum(len(f) for f in frames)})
+                self.core.tracer.event(payload.request_id, Step.SUBMITTED,
+                                       "decoded by the core's input thread",
+                                       {"bytes": sum(len(f) for f in frames)}, where=self._input_loop)
             self.input_queue.put((tag, payload))
 
     def _output_loop(self) -> None:

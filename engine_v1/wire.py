@@ -10,8 +10,7 @@ from typing import Any
 
 import msgspec
 
-from shared.messages import EngineCoreOutputs, EngineCoreRequest
-from shared.model_info import ModelInfo
+from shared.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo
 
 ADD, ABORT, SHUTDOWN = b"\x00", b"\x01", b"\x02"
 READY, OUTPUTS, REJECT, FAILED = b"\x10", b"\x11", b"\x12", b"\x13"

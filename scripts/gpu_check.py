@@ -39,7 +39,7 @@ STAGE_LIMITS = {"kernels": 200, "models": 90, "agreement": 120, "offline": 150, 
 
 def find_tokenizer(given: str | None) -> Path | None:
     """--tokenizer, else the staged copy, else the default model folder of the twinserve cache."""
-    from shared.model_fetch import cache_dir
+    from shared.worker.model_fetch import cache_dir
 
     candidates = [Path(given)] if given else [STAGED_TOKENIZER,
                                               cache_dir() / "models" / "SmolLM2-135M-Instruct"]

@@ -6,20 +6,22 @@ in a worker thread; v1's core process and the offline ``LLM`` call ``step``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from shared.config import CacheConfig, EngineConfig
-from shared.messages import EngineCoreOutputs, EngineCoreRequest, StepTimes
-from shared.model_fetch import resolve_model
-from shared.model_info import ModelInfo
-from shared.model_runner import ModelInput, ModelRunner
-from shared.request import Request
-from shared.scheduler import Scheduler
-from shared.scheduler_output import SchedulerOutput
-from shared.trace import Tracer
+from shared.core.request import Request
+from shared.core.scheduler import Scheduler
+from shared.core.scheduler_output import SchedulerOutput
+from shared.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo, StepTimes
+from shared.trace.steps import Step
+from shared.trace.tracer import Tracer
+from shared.worker.model_fetch import resolve_model
+from shared.worker.model_runner import ModelInput, ModelRunner
 
 
 @dataclass
@@ -84,9 +86,9 @@ class EngineCore:
         times = StepTimes(schedule=t1 - t0, prepare=t2 - t1, num_tokens=sched.num_scheduled_tokens,
                           num_seqs=len(sched.scheduled))
         if sched.traced:
-            self._trace_batch(sched, 8, "inputs prepared",
+            self._trace_batch(sched, Step.INPUTS_PREPARED, "inputs prepared",
                               {"batch_tokens": times.num_tokens, "batch_seqs": times.num_seqs,
-                               "prepare_ms": round(times.prepare * 1e3, 3)})
+                               "prepare_ms": round(times.prepare * 1e3, 3)}, self.begin_step)
         return StepBatch(sched, model_input, times)
 
     def run_forward(self, batch: StepBatch) -> torch.Tensor:
@@ -97,17 +99,15 @@ class EngineCore:
             raise RuntimeError(f"injected forward failure after {fail_after} steps")
         traced = batch.sched.traced
         if traced:
-            self._trace_batch(batch.sched, 9, "forward launched", {"batch_tokens": batch.times.num_tokens})
+            self._trace_batch(batch.sched, Step.FORWARD, "forward launched",
+                              {"batch_tokens": batch.times.num_tokens}, self.run_forward)
         t0 = time.perf_counter()
         logits = self.model_runner.forward(batch.model_input)
         batch.times.forward = time.perf_counter() - t0
         if traced:   # attention (step 10) read each request's K/V through its block table
-            for s in traced:
-                self.tracer.event(s.request.request_id, 10, "forward done",
-                                  {"forward_ms": round(batch.times.forward * 1e3, 3),
-                                   "kv_tokens_read": s.start + s.num_new_tokens,
-                                   "blocks_read": len(s.block_ids)},
-                                  decode=s.start >= s.request.num_prompt_tokens)
+            self._trace_batch(batch.sched, Step.ATTENTION, "forward done",
+                              {"forward_ms": round(batch.times.forward * 1e3, 3)},
+                              self.model_runner.model.attn_backend.forward, kv_read=True)
         return logits
 
     def finish_step(self, batch: StepBatch, logits: torch.Tensor) -> EngineCoreOutputs:
@@ -124,7 +124,10 @@ class EngineCore:
                                  stats=self.scheduler.get_stats(), step=times,
                                  trace_events=self.tracer.drain())
 
-    def _trace_batch(self, sched: SchedulerOutput, step: int, name: str, detail: dict) -> None:
+    def _trace_batch(self, sched: SchedulerOutput, step: Step, name: str, detail: dict,
+                     where: Callable[..., Any], kv_read: bool = False) -> None:
         for s in sched.traced or ():
-            self.tracer.event(s.request.request_id, step, name, detail,
-                              decode=s.start >= s.request.num_prompt_tokens, depth=2)
+            extra = {"kv_tokens_read": s.start + s.num_new_tokens,
+                     "blocks_read": len(s.block_ids)} if kv_read else {}
+            self.tracer.event(s.request.request_id, step, name, detail | extra, where=where,
+                              decode=s.start >= s.request.num_prompt_tokens)

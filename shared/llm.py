@@ -9,11 +9,11 @@ from typing import Any, Protocol
 
 from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from shared.engine_core import EngineCore
+from shared.frontend.output_processor import OutputProcessor
+from shared.frontend.outputs import CompletionOutput, RequestOutput
+from shared.frontend.tokenizer import Tokenizer
 from shared.messages import EngineCoreOutputs, EngineCoreRequest, SamplingParams
-from shared.model_fetch import resolve_model
-from shared.output_processor import OutputProcessor
-from shared.outputs import CompletionOutput, RequestOutput
-from shared.tokenizer import Tokenizer
+from shared.worker.model_fetch import resolve_model
 
 Prompt = str | list[int]
 

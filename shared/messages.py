@@ -9,7 +9,7 @@ import math
 import msgspec
 
 from shared.errors import ParamError
-from shared.trace import TraceEvent
+from shared.trace.tracer import TraceEvent
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -132,3 +132,14 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     # Lifecycle events of traced requests recorded in the core (steps 5-11); None when no
     # request is traced, which costs one nil byte per frame (array_like keeps trailing fields).
     trace_events: list[TraceEvent] | None = None
+
+
+class ModelInfo(msgspec.Struct):
+    """What the front end needs to know about the loaded model and cache (v1: the READY frame)."""
+
+    name: str
+    path: str
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    block_size: int

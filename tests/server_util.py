@@ -7,7 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from shared.server_process import ServerProcess
+from shared.cli.server_process import ServerProcess
+from shared.worker.model_fetch import resolve_model
 
 API_KEY = "test-key"
 ENGINES = ["v0", "v1"]
@@ -33,7 +34,13 @@ class Server:
 
 
 def start_server(engine: str, log_path: Path, *extra: str) -> Server:
-    """Small limits so tests can reach them; ``extra`` flags come last and win."""
+    """Small limits so tests can reach them; ``extra`` flags come last and win.
+
+    The default model is fetched here first if missing (as the ``default_model_dir`` fixture
+    does), so a first download never eats into the server's start timeout.
+    """
+    if "--model" not in extra:
+        resolve_model(None)
     flags = ["--max-num-seqs", "32", "--kv-cache-size", "0.25", "--max-waiting-requests", "64",
              "--api-key", API_KEY, *extra]
     process = ServerProcess(engine, flags, log_path)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from shared.api.metrics import ApiMetrics
 from shared.api.requests import Job
-from shared.engine_client import EngineClient
-from shared.errors import EngineDeadError
-from shared.messages import SamplingParams
-from shared.outputs import RequestOutput
 from shared.api.tracing import HttpTrace
+from shared.errors import EngineDeadError
+from shared.frontend.engine_client import EngineClient
+from shared.frontend.outputs import RequestOutput
+from shared.messages import SamplingParams
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Token text for logprobs, and the chat and completions logprobs shapes of OpenAI."""
 from __future__ import annotations
 
+from shared.frontend.tokenizer import Tokenizer
 from shared.messages import TokenLogprobs
-from shared.tokenizer import Tokenizer
 
 
 def _byte_level_alphabet() -> dict[str, int]:

@@ -1,114 +1,78 @@
-"""The OpenAPI 3.1 document of the server, written by hand from the same limits it enforces.
+"""The OpenAPI 3.1 document of the server.
 
-Ranges here must match requests.py exactly: a schema-based fuzzer sends values just outside
-them and expects a 400, and values inside them and expects no 400 for that reason.
+The request bodies are generated from protocol.py's Structs, the one place their types and
+bounds are declared, so the schema cannot drift from what decoding enforces (a schema-based
+fuzzer sends values just outside the bounds and expects a 400, and values inside them and
+expects no 400 for that reason). Responses, paths and the error object are written here.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from shared.config import ServerConfig
-from shared.model_info import ModelInfo
+import msgspec
 
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+from shared.api.protocol import LIMIT_KEY, REQUEST_TYPES
+from shared.config import ServerConfig
+from shared.messages import ModelInfo
+
+_REF = "#/components/schemas/{name}"
+# Rules across fields, which msgspec types cannot express; requests.py (top_logprobs) and
+# server.py (tokenize) check them by hand.
+_CROSS_FIELD: dict[str, dict[str, Any]] = {
+    "ChatCompletionRequest": {
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+    "TokenizeRequest": {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]},
+}
 
 
 def _opt(schema: dict[str, Any]) -> dict[str, Any]:
-    """The same schema, or null (every optional request field accepts null)."""
+    """The same schema, or null."""
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-def _int(lo: int | None = None, hi: int | None = None) -> dict[str, Any]:
-    s: dict[str, Any] = {"type": "integer"}
-    if lo is not None:
-        s["minimum"] = lo
-    if hi is not None:
-        s["maximum"] = hi
-    return s
+def _int(lo: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": lo}
 
 
-def _num(lo: float | None = None, hi: float | None = None, exclusive_lo: bool = False) -> dict[str, Any]:
-    s: dict[str, Any] = {"type": "number"}
-    if lo is not None:
-        s["exclusiveMinimum" if exclusive_lo else "minimum"] = lo
-    if hi is not None:
-        s["maximum"] = hi
-    return s
+def _limits(cfg: ServerConfig, info: ModelInfo) -> dict[str, int]:
+    """The served value of each config_max marker in protocol.py."""
+    return {"max_model_len": info.max_model_len, "max_token_id": info.vocab_size - 1,
+            "max_n": cfg.max_n, "max_logprobs": cfg.max_logprobs,
+            "max_stop_strings": cfg.max_stop_strings}
 
 
-def _sampling_fields(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
-    token_id = _int(0, info.vocab_size - 1)
-    fields = {
-        "model": {"type": "string"},
-        "max_tokens": _int(1, info.max_model_len),
-        "temperature": _num(0),
-        "top_p": _num(0, 1, exclusive_lo=True),
-        "top_k": _int(-1, _INT64_MAX),
-        "min_p": _num(0, 1),
-        "seed": _int(_INT64_MIN, _INT64_MAX),
-        "n": _int(1, cfg.max_n),
-        "stop": {"anyOf": [{"type": "string", "minLength": 1},
-                           {"type": "array", "maxItems": cfg.max_stop_strings,
-                            "items": {"type": "string", "minLength": 1}}]},
-        "stop_token_ids": {"type": "array", "items": token_id},
-        "presence_penalty": _num(-2, 2),
-        "frequency_penalty": _num(-2, 2),
-        "repetition_penalty": _num(0, 10, exclusive_lo=True),
-        "ignore_eos": {"type": "boolean"},
-        "min_tokens": _int(0, info.max_model_len),
-        "include_stop_str_in_output": {"type": "boolean"},
-        "skip_special_tokens": {"type": "boolean"},
-        "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": _opt({"type": "boolean"})}},
-        "user": {"type": "string"},
-    }
-    return {k: _opt(v) for k, v in fields.items()}
+def _fill_limits(node: Any, limits: dict[str, int]) -> None:
+    """Replace every config_max marker, anywhere in the tree, by the bound it names."""
+    if isinstance(node, dict):
+        for keyword, name in node.pop(LIMIT_KEY, {}).items():
+            node[keyword] = limits[name]
+        for child in node.values():
+            _fill_limits(child, limits)
+    elif isinstance(node, list):
+        for child in node:
+            _fill_limits(child, limits)
 
 
-def _message_schema() -> dict[str, Any]:
-    part = {"type": "object", "required": ["type", "text"],
-            "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-    return {"type": "object", "required": ["role"], "properties": {
-        "role": {"enum": ["system", "user", "assistant", "tool", "developer"]},
-        "content": _opt({"anyOf": [{"type": "string"}, {"type": "array", "items": part}]}),
-        "name": _opt({"type": "string"}),
-        "tool_call_id": _opt({"type": "string"}),
-    }}
+def _split_prompt(prompt: dict[str, Any]) -> None:
+    """str | list[str | id | ids] -> the four shapes OpenAI documents (requests.py rejects
+    mixing, which one msgspec union cannot express)."""
+    text, array = prompt["anyOf"]
+    prompt["anyOf"] = [text] + [{**array, "items": item} for item in array["items"]["anyOf"]]
 
 
-def _chat_request(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
-    props = _sampling_fields(cfg, info)
-    props.update({
-        "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
-        "max_completion_tokens": _opt(_int(1, info.max_model_len)),
-        "logprobs": _opt({"type": "boolean"}),
-        "top_logprobs": _opt(_int(0, cfg.max_logprobs)),
-        "add_generation_prompt": _opt({"type": "boolean"}),
-    })
-    needs_logprobs = {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
-                      "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
-    return {"type": "object", "required": ["messages"], "properties": props, **needs_logprobs,
-            "description": "max_tokens plus the prompt's tokens must fit max_model_len; "
-                           "top_logprobs needs logprobs: true. Unknown fields are ignored."}
-
-
-def _completion_request(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
-    ids = {"type": "array", "minItems": 1, "items": _int(0, info.vocab_size - 1)}
-    text = {"type": "string", "minLength": 1}
-    props = _sampling_fields(cfg, info)
-    props.update({
-        "prompt": {"anyOf": [text, {"type": "array", "minItems": 1, "items": text}, ids,
-                             {"type": "array", "minItems": 1, "items": ids}]},
-        "logprobs": _opt(_int(0, cfg.max_logprobs)),
-        "echo": _opt({"type": "boolean"}),
-    })
-    return {"type": "object", "required": ["prompt"], "properties": props,
-            "description": "max_tokens (default 16) plus the prompt's tokens must fit "
-                           "max_model_len. Unknown fields are ignored."}
+def request_schemas(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
+    """Component schemas of every request body and the Structs nested in them."""
+    _, schemas = msgspec.json.schema_components(REQUEST_TYPES, ref_template=_REF)
+    _fill_limits(schemas, _limits(cfg, info))
+    _split_prompt(schemas["CompletionRequest"]["properties"]["prompt"])
+    for name, rules in _CROSS_FIELD.items():
+        schemas[name].update(rules)
+    return schemas
 
 
 def _json(ref: str) -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
+    return {"application/json": {"schema": {"$ref": _REF.format(name=ref)}}}
 
 
 def _responses(ok: dict[str, Any], *errors: int) -> dict[str, Any]:
@@ -144,32 +108,17 @@ def _components(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
         "index": _int(0), "text": {"type": "string"}, "finish_reason": finish,
         "logprobs": _opt({"type": "object"})}}
     return {
-        "Error": error, "Usage": usage, "ChatMessage": _message_schema(),
-        "ChatCompletionRequest": _chat_request(cfg, info),
-        "CompletionRequest": _completion_request(cfg, info),
+        **request_schemas(cfg, info), "Error": error, "Usage": usage,
         "ChatCompletion": _completion_object("chat.completion", chat_choice),
         "Completion": _completion_object("text_completion", text_choice),
-        "TokenizeRequest": _tokenize_request(),
-        "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
-            "model": _opt({"type": "string"}),
-            "tokens": {"type": "array", "items": _int(0, info.vocab_size - 1)}}},
     }
-
-
-def _tokenize_request() -> dict[str, Any]:
-    messages = {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}}
-    return {"type": "object", "description": "Give exactly one of prompt or messages.",
-            "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
-            "properties": {"model": _opt({"type": "string"}), "prompt": {"type": "string"},
-                           "messages": messages, "add_special_tokens": _opt({"type": "boolean"}),
-                           "add_generation_prompt": _opt({"type": "boolean"})}}
 
 
 def _completion_object(obj: str, choice: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
             "properties": {"id": {"type": "string"}, "object": {"const": obj}, "created": _int(0),
                            "model": {"type": "string"}, "choices": {"type": "array", "items": choice},
-                           "usage": {"$ref": "#/components/schemas/Usage"}}}
+                           "usage": {"$ref": _REF.format(name="Usage")}}}
 
 
 def _generate_op(summary: str, request: str, response: str) -> dict[str, Any]:

@@ -1,16 +1,42 @@
 """Request bodies of the OpenAI endpoints as msgspec Structs (lifecycle step 2).
 
-Decoding checks types only; ``requests.py`` checks ranges and builds SamplingParams. Unknown
-fields are ignored, as OpenAI and vLLM clients expect. Every field may be null (= default).
+The single source of the request schema: types and every static bound are declared here as
+``msgspec.Meta`` and checked while decoding; /openapi.json is generated from these Structs
+(openapi.py). Bounds that depend on the server config or the model cannot be static, so they
+carry a ``config_max`` marker: requests.py checks them by hand and openapi.py fills in the
+served value. Unknown fields are ignored, as OpenAI and vLLM clients expect. Every optional
+field may be null (= default).
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from shared.api.errors import APIError
+
+LIMIT_KEY = "x-twinserve-limit"
+
+
+def config_max(limit: str, keyword: str = "maximum") -> Meta:
+    """Mark an upper bound named ``limit`` (a key of openapi.py's limits) as config-dependent."""
+    return Meta(extra_json_schema={LIMIT_KEY: {keyword: limit}})
+
+
+_INT64 = 1 << 63
+# v1 carries SamplingParams over msgpack, whose integers are at most 64-bit.
+Int64 = Annotated[int, Meta(ge=-_INT64, le=_INT64 - 1)]
+TokenId = Annotated[int, Meta(ge=0), config_max("max_token_id")]
+Text = Annotated[str, Meta(min_length=1)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+MaxTokens = Annotated[int, Meta(ge=1), config_max("max_model_len")]
+StopList = Annotated[list[Text], config_max("max_stop_strings", "maxItems")]
+# One union may hold only one array type, so prompt decodes as str | list[str | id | ids];
+# requests.py rejects mixing and openapi.py states the four shapes separately.
+Prompt = Text | Annotated[list[Text | TokenId | Annotated[list[TokenId], Meta(min_length=1)]],
+                          Meta(min_length=1)]
 
 Role = Literal["system", "user", "assistant", "tool", "developer"]
 
@@ -27,6 +53,9 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     tool_call_id: str | None = None
 
 
+Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
+
+
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
@@ -35,20 +64,21 @@ class _Common(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completions (OpenAI's plus vLLM's sampling extras)."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    n: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
+    max_tokens: Annotated[MaxTokens, Meta(description="plus the prompt must fit max_model_len")] | None = None
+    temperature: Annotated[float, Meta(ge=0, description="0: greedy")] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=_INT64 - 1, description="-1 or 0: disabled")] | None = None
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    seed: Int64 | None = None
+    n: Annotated[int, Meta(ge=1), config_max("max_n")] | None = None
+    stop: Text | StopList | None = None
+    stop_token_ids: list[TokenId] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=10)] | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = None
+    min_tokens: Annotated[int, Meta(ge=0, description="capped at max_tokens"),
+                          config_max("max_model_len")] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     stream: bool | None = None
@@ -57,41 +87,51 @@ class _Common(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    """max_tokens plus the prompt's tokens must fit max_model_len; top_logprobs needs
+    logprobs: true. Unknown fields are ignored."""
+
+    messages: Messages
+    max_completion_tokens: Annotated[MaxTokens, Meta(description="OpenAI's newer name; wins")] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Meta(ge=0), config_max("max_logprobs")] | None = None
     add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
-    # A string, a list of strings, a list of token ids, or a list of lists of token ids;
-    # mixing is rejected in requests.py.
-    prompt: str | list[str | int | list[int]]
-    logprobs: int | None = None
+    """max_tokens (default 16) plus the prompt's tokens must fit max_model_len.
+    Unknown fields are ignored."""
+
+    prompt: Annotated[Prompt, Meta(description="text, texts, token ids, or lists of token ids")]
+    logprobs: Annotated[int, Meta(ge=0), config_max("max_logprobs")] | None = None
     echo: bool | None = None
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """Give exactly one of prompt or messages."""
+
     model: str | None = None
-    prompt: str | msgspec.UnsetType = msgspec.UNSET          # exactly one of prompt, messages
-    messages: list[ChatMessage] | msgspec.UnsetType = msgspec.UNSET
+    prompt: str | msgspec.UnsetType = msgspec.UNSET
+    messages: Messages | msgspec.UnsetType = msgspec.UNSET
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
+
+REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.?(.*)`$")
-_MISSING = re.compile(r"^Object missing required field `(.+)`")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`")
+_BOUND = re.compile(r"^Expected `[^`]+` (of length )?[<>]")   # a Meta constraint, not a type
+_INDEX = re.compile(r"(\[\d+\])+$")
 
 
 def decode_body(body: bytes, cls: type[T]) -> T:
-    """JSON body -> Struct; malformed JSON, wrong types and missing fields become 400s."""
+    """JSON body -> Struct; malformed JSON, wrong types, bounds and missing fields become 400s."""
     try:
         try:
             return msgspec.json.decode(body, type=cls)
@@ -119,12 +159,18 @@ def _integral_floats(obj: Any) -> Any:
 
 
 def _param_of(message: str) -> str | None:
-    """'Expected `int`, got `str` - at `$.max_tokens`' -> 'max_tokens' (missing field too)."""
+    """'Expected `int`, got `str` - at `$.max_tokens`' -> 'max_tokens' (missing field too).
+
+    A bound broken by a list element (an empty stop string, a negative token id) names the
+    list itself, as OpenAI does and as the hand checks did: 'stop', not 'stop[0]'.
+    """
     at = _AT.search(message)
     path = at.group(1) if at else ""
     missing = _MISSING.match(message)
     if missing:
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    elif _BOUND.match(message):
+        path = _INDEX.sub("", path)
     return path or None
 
 

@@ -1,24 +1,24 @@
 """Validated request bodies -> token ids and SamplingParams (lifecycle steps 2-3).
 
-Type errors were caught while decoding (protocol.py); here come ranges, server limits,
-the model name, the context window, and prompt tokenization.
+Types and static bounds were checked while decoding (protocol.py's Structs); here come the
+bounds that depend on the server config or the model (marked config_max there, so
+/openapi.json states them too), rules across fields, the model name, the context window,
+and prompt tokenization.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-
 from shared.api.errors import APIError
 from shared.api.protocol import ChatCompletionRequest, CompletionRequest, _Common, to_builtins
 from shared.config import ServerConfig
 from shared.errors import ParamError, RequestTooLongError
-from shared.messages import SamplingParams
-from shared.model_info import ModelInfo
-from shared.tokenizer import Tokenizer
-from shared.trace import TraceHandle
+from shared.frontend.tokenizer import Tokenizer
+from shared.messages import ModelInfo, SamplingParams
+from shared.trace.steps import Step
+from shared.trace.tracer import TraceHandle
 
-_INT64 = 1 << 63
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
 
@@ -47,15 +47,13 @@ def check_model(model: str | None, accepted: set[str]) -> None:
 
 def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
                  cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
-    if not req.messages:
-        raise ParamError("messages must be a non-empty list", param="messages")
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs requires logprobs to be true", param="top_logprobs")
-    _check_range(req.top_logprobs, 0, cfg.max_logprobs, "top_logprobs")
+    _check_max(req.top_logprobs, cfg.max_logprobs, "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False, trace)
-    _check_range(req.max_tokens, 1, info.max_model_len, "max_tokens")
-    _check_range(req.max_completion_tokens, 1, info.max_model_len, "max_completion_tokens")
+    _check_max(req.max_tokens, info.max_model_len, "max_tokens")
+    _check_max(req.max_completion_tokens, info.max_model_len, "max_completion_tokens")
     if req.max_completion_tokens is not None:   # OpenAI's newer name wins
         max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
     else:
@@ -67,12 +65,13 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
 
 def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
                        cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
-    _check_range(req.logprobs, 0, cfg.max_logprobs, "logprobs")
-    _check_range(req.max_tokens, 1, None, "max_tokens")
+    _check_max(req.logprobs, cfg.max_logprobs, "logprobs")
     jobs = []
     prompts = prompt_token_ids(req.prompt, tok, info.vocab_size)
     if trace is not None:
-        trace.mark(3, "tokenized", {"prompts": len(prompts), "prompt_tokens": [len(p[0]) for p in prompts]})
+        trace.mark(Step.TOKENIZED, "tokenized",
+                   {"prompts": len(prompts), "prompt_tokens": [len(p[0]) for p in prompts]},
+                   where=prepare_completion)
     for ids, text in prompts:
         limit = fit_context(len(ids), req.max_tokens, info.max_model_len, "max_tokens", "prompt",
                             COMPLETION_DEFAULT_MAX_TOKENS)
@@ -83,7 +82,7 @@ def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
 
 def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerConfig) -> Prepared:
     n = 1 if req.n is None else req.n
-    _check_range(n, 1, cfg.max_n, "n")
+    _check_max(n, cfg.max_n, "n")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Prepared(jobs, n, bool(req.stream), include_usage, logprobs)
 
@@ -97,10 +96,11 @@ def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_p
     except Exception as exc:  # a template may raise anything on odd input; it is the client's input
         raise ParamError(f"cannot render the chat template: {exc}", param="messages") from None
     if trace is not None:
-        trace.mark(2, "chat template rendered", {"messages": len(messages), "chars": len(text)})
+        trace.mark(Step.VALIDATED, "chat template rendered",
+                   {"messages": len(messages), "chars": len(text)}, where=render_chat)
     ids = tok.encode(text, add_special_tokens=False)
     if trace is not None:
-        trace.mark(3, "tokenized", {"prompt_tokens": len(ids)})
+        trace.mark(Step.TOKENIZED, "tokenized", {"prompt_tokens": len(ids)}, where=render_chat)
     if not ids:
         raise ParamError("the rendered chat has no tokens", param="messages")
     return ids
@@ -110,8 +110,6 @@ def prompt_token_ids(prompt: Any, tok: Tokenizer, vocab_size: int) -> list[tuple
     """Each prompt of a completions request as (token ids, text) - text is used by echo."""
     if isinstance(prompt, str):
         prompt = [prompt]
-    if not prompt:
-        raise ParamError("prompt must not be empty", param="prompt")
     kinds = {type(p) for p in prompt}
     if kinds == {int}:
         prompt = [prompt]
@@ -120,7 +118,7 @@ def prompt_token_ids(prompt: Any, tok: Tokenizer, vocab_size: int) -> list[tuple
     out = []
     for p in prompt:
         ids = tok.encode(p, add_special_tokens=True) if isinstance(p, str) else p
-        if not ids:
+        if not ids:   # a non-empty text may still tokenize to nothing
             raise ParamError("prompt must not be empty", param="prompt")
         check_token_ids(ids, vocab_size, "prompt")
         out.append((ids, p if isinstance(p, str) else tok.decode(ids, skip_special_tokens=False)))
@@ -128,7 +126,8 @@ def prompt_token_ids(prompt: Any, tok: Tokenizer, vocab_size: int) -> list[tuple
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
-    if any(not 0 <= t < vocab_size for t in ids):
+    """The vocab bound; ids >= 0 was checked while decoding (protocol.TokenId)."""
+    if any(t >= vocab_size for t in ids):
         raise ParamError(f"token ids must be in [0, {vocab_size})", param=param)
 
 
@@ -156,9 +155,7 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: M
     if len(stop) > cfg.max_stop_strings:
         raise ParamError(f"at most {cfg.max_stop_strings} stop strings are allowed", param="stop")
     check_token_ids(req.stop_token_ids or [], info.vocab_size, "stop_token_ids")
-    _check_range(req.seed, -_INT64, _INT64 - 1, "seed")
-    _check_range(req.top_k, -1, _INT64 - 1, "top_k")
-    _check_range(req.min_tokens, 0, info.max_model_len, "min_tokens")
+    _check_max(req.min_tokens, info.max_model_len, "min_tokens")
     min_tokens = None if req.min_tokens is None else min(req.min_tokens, max_tokens)  # max wins
     top_k = req.top_k if req.top_k is None or req.top_k < info.vocab_size else 0  # >= vocab: off
     given: dict[str, Any] = {
@@ -173,9 +170,7 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: M
     return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
 
 
-def _check_range(value: int | None, lo: int | None, hi: int | None, param: str) -> None:
-    if value is None:
-        return
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"at least {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ParamError(f"{param} must be {bounds}, got {value}", param=param)
+def _check_max(value: int | None, hi: int, param: str) -> None:
+    """A config-dependent upper bound; the static lower bound was checked while decoding."""
+    if value is not None and value > hi:
+        raise ParamError(f"{param} must be at most {hi}, got {value}", param=param)

@@ -25,10 +25,9 @@ from shared.api.serving import json_response
 from shared.api.serving_chat import ChatServing
 from shared.api.serving_completion import CompletionServing
 from shared.api.state import AppState
-from shared.api.tracing import lifecycle, lifecycle_all
 from shared.config import ServerConfig
-from shared.engine_client import EngineClient
 from shared.errors import ParamError
+from shared.frontend.engine_client import EngineClient
 
 Handler = Callable[[Request], Awaitable[Response]]
 _SHUTDOWN_GRACE_S = 3.0     # in-flight HTTP requests get this long after a signal
@@ -77,9 +76,7 @@ async def tokenize(request: Request) -> Response:
     tok = st.engine.tokenizer
     if isinstance(req.prompt, str) == isinstance(req.messages, list):
         raise ParamError("give exactly one of prompt or messages", param="prompt")
-    if isinstance(req.messages, list):
-        if not req.messages:
-            raise ParamError("messages must be a non-empty list", param="messages")
+    if isinstance(req.messages, list):   # non-empty: the Struct's bound checked it
         ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False)
     else:
         ids = tok.encode(str(req.prompt), add_special_tokens=req.add_special_tokens is not False)
@@ -103,6 +100,25 @@ async def metrics(request: Request) -> Response:
 async def debug_stats(request: Request) -> Response:
     st = _state(request)
     return json_response({**await st.engine.get_stats(), "loop_lag": st.loop_probe.snapshot()})
+
+
+async def lifecycle(request: Request) -> Response:
+    """One request's events, ``t_ms`` since HTTP received; 404 unless it was traced."""
+    st = _state(request)
+    request_id = request.path_params["request_id"]
+    trace = st.traces.get(request_id)
+    if trace is None:
+        raise APIError(404, f"no lifecycle trace for {request_id!r}: send the header "
+                            f"'X-Twinserve-Trace: 1' or start the server with --trace",
+                       param="request_id", code="trace_not_found")
+    return json_response(trace.to_json(st.config.engine))
+
+
+async def lifecycle_all(request: Request) -> Response:
+    """Every finished trace still in the ring buffer, oldest first."""
+    st = _state(request)
+    return json_response({"engine": st.config.engine,
+                          "traces": [t.to_json(st.config.engine) for t in st.traces.finished()]})
 
 
 async def openapi(request: Request) -> Response:
@@ -166,7 +182,6 @@ class _Server(uvicorn.Server):
 
     def _on_signal(self, sig: int) -> None:
         self.handle_exit(sig, None)    # stop accepting; sse-starlette also ends open streams
-        self.twinserve.shutting_down = True
         for fan in list(self.twinserve.inflight):
             fan.fail(APIError(503, "the server is shutting down"))
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from sse_starlette import EventSourceResponse
@@ -22,10 +23,10 @@ from shared.api.httputil import ClientGone, read_body, unless_disconnected
 from shared.api.logprobs import CompletionLogprobs
 from shared.api.requests import Prepared
 from shared.api.state import AppState
-from shared.api.tracing import HttpTrace, start_trace, trace_finished, trace_sent
+from shared.api.tracing import HttpTrace, start_trace
+from shared.frontend.outputs import RequestOutput
 from shared.messages import TokenLogprobs
-from shared.outputs import RequestOutput
-from shared.trace import TraceHandle
+from shared.trace.tracer import TraceHandle
 
 
 @dataclass
@@ -115,7 +116,8 @@ class Serving:
 
     async def __call__(self, request: Request) -> Response:
         request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        trace = start_trace(self.state, request, request_id)
+        st = self.state
+        trace = start_trace(st.tracer, st.traces, st.config, request, request_id, self.__call__)
         try:
             body = await read_body(request, self.state.config.max_body_bytes)
             prepared = self.prepare(body, trace)
@@ -137,7 +139,7 @@ class Serving:
             await unless_disconnected(request, self._collect(ctx, first, fan))
             response = json_response(self.full_response(ctx))
             if ctx.trace is not None:
-                trace_finished(ctx, "JSON")
+                self._trace_finished(ctx, "JSON", self.__call__)
             return response
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the engine work is aborted
@@ -158,15 +160,21 @@ class Serving:
                 for chunk in chunks:
                     yield encode(chunk)
                 if ctx.trace is not None:
-                    trace_sent(ctx, item[0], len(chunks))
+                    ctx.trace.sent(item[0], len(chunks), ctx.choice(item[0]).num_tokens > 1,
+                                   self._events)
                 item = await fan.next()
             if ctx.prepared.include_usage:
                 yield encode(self.usage_chunk(ctx))
             if ctx.trace is not None:
-                trace_finished(ctx, "SSE")
+                self._trace_finished(ctx, "SSE", self._events)
         except Exception as exc:  # after the headers went out, errors travel as an SSE event
             yield encode(to_api_error(exc).body())
         finally:
             fan.close()
         yield "[DONE]"
 
+    @staticmethod
+    def _trace_finished(ctx: Ctx, how: str, where: Callable[..., Any]) -> None:
+        assert ctx.trace is not None
+        reasons = [ctx.choices[i].finish_reason for i in sorted(ctx.choices)]
+        ctx.trace.finished(how, reasons, ctx.usage()["completion_tokens"], where)

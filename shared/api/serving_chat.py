@@ -5,8 +5,8 @@ from shared.api.logprobs import chat_logprobs
 from shared.api.protocol import ChatCompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_chat
 from shared.api.serving import Ctx, Serving, finish_reason
-from shared.outputs import RequestOutput
-from shared.trace import TraceHandle
+from shared.frontend.outputs import RequestOutput
+from shared.trace.tracer import TraceHandle
 
 
 class ChatServing(Serving):

@@ -5,8 +5,9 @@ from shared.api.logprobs import CompletionLogprobs, merge_completion_logprobs
 from shared.api.protocol import CompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_completion
 from shared.api.serving import Choice, Ctx, Serving, finish_reason
-from shared.outputs import RequestOutput
-from shared.trace import TraceHandle
+from shared.frontend.outputs import RequestOutput
+from shared.trace.steps import Step
+from shared.trace.tracer import TraceHandle
 
 
 class CompletionServing(Serving):
@@ -16,7 +17,8 @@ class CompletionServing(Serving):
         req = decode_body(body, CompletionRequest)
         check_model(req.model, self.state.accepted_models)
         if trace is not None:
-            trace.mark(2, "body validated (no chat template)", {"prompt": type(req.prompt).__name__})
+            trace.mark(Step.VALIDATED, "body validated (no chat template)",
+                       {"prompt": type(req.prompt).__name__}, where=self.prepare)
         engine = self.state.engine
         return prepare_completion(req, engine.tokenizer, engine.model_info, self.state.config, trace)
 

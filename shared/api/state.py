@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.api.logprobs import TokenText
+from shared.api.loop_probe import LoopLagProbe
 from shared.api.metrics import ApiMetrics
 from shared.config import ServerConfig
-from shared.engine_client import EngineClient
-from shared.loop_probe import LoopLagProbe
-from shared.trace import Tracer
-from shared.trace_store import TraceStore
+from shared.frontend.engine_client import EngineClient
+from shared.trace.store import TraceStore
+from shared.trace.tracer import Tracer
 
 if TYPE_CHECKING:
     from shared.api.fanout import FanOut
@@ -28,7 +28,6 @@ class AppState:
     tracer: Tracer                     # records this process's trace events into ``traces``
     inflight: set[FanOut] = field(default_factory=set)   # for abort on shutdown
     loop_probe: LoopLagProbe = field(default_factory=LoopLagProbe)
-    shutting_down: bool = False
 
     @classmethod
     def create(cls, engine: EngineClient, config: ServerConfig) -> AppState:

@@ -13,7 +13,7 @@ from compare.tiny_model import tiny_config, write_random_weights
 def test_tiny_folder_loads_with_the_real_tokenizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    default_model_dir: str) -> None:
     from compare.tiny_model import ensure_tiny_model
-    from shared.model_loader import load_model
+    from shared.worker.model_loader import load_model
 
     monkeypatch.setenv("TWINSERVE_CACHE", str(tmp_path))
     folder = ensure_tiny_model(Path(default_model_dir))

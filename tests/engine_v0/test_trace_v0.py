@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from shared.cli import main
+from shared.cli.main import main
 
 
 def test_trace_cli_table_and_mermaid(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from engine_v1 import CoreProcessClient
 from shared import LLM, SamplingParams
-from tests.api.api_helpers import CHAT, COMPLETIONS
 from tests.server_util import start_server, stop_server
+from tests.shared.api.api_helpers import CHAT, COMPLETIONS
 
 REQUESTS = [
     (CHAT, {"messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -39,8 +39,8 @@ def _same(a: object, b: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list[dict]]]:
-    out: dict[str, list[list[dict]]] = {}
+def answers(tmp_path_factory: pytest.TempPathFactory, default_model_dir: str) -> dict[str, list[list[dict]]]:
+    out: dict[str, list[list[dict]]] = {}       # default_model_dir: fetched before the servers start
     for engine in ("v0", "v1"):
         # float32: bf16 results depend on batch composition, which differs between topologies.
         server = start_server(engine, tmp_path_factory.mktemp(engine) / "server.log", "--dtype", "float32")
@@ -64,12 +64,12 @@ def test_v0_and_v1_answer_identically(answers: dict[str, list[list[dict]]]) -> N
     assert len(seeded) == 2 and seeded[0]["message"]["content"] != seeded[1]["message"]["content"]
 
 
-def test_offline_llm_over_core_process_matches_in_process() -> None:
+def test_offline_llm_over_core_process_matches_in_process(default_model_dir: str) -> None:
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = [SamplingParams(temperature=0, max_tokens=12),
               SamplingParams(temperature=0.7, seed=3, max_tokens=12, ignore_eos=True)]
-    local = LLM(dtype="float32", num_blocks=256).generate(prompts, params)
-    remote_llm = LLM(dtype="float32", num_blocks=256, core_factory=CoreProcessClient)
+    local = LLM(default_model_dir, dtype="float32", num_blocks=256).generate(prompts, params)
+    remote_llm = LLM(default_model_dir, dtype="float32", num_blocks=256, core_factory=CoreProcessClient)
     try:
         remote = remote_llm.generate(prompts, params)
     finally:

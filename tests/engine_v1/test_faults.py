@@ -11,8 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.api.api_helpers import CHAT, HELLO, assert_error, sse_data
 from tests.server_util import ENGINES, Server, start_server, stop_server
+from tests.shared.api.api_helpers import CHAT, HELLO, assert_error, sse_data
 
 
 def _stream_in_background(server: Server, lines: list[str]) -> tuple[threading.Thread, threading.Event]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import main
+from shared.cli.main import main
+from tests.shared.trace.lifecycle_map import assert_event_on_the_map
 
 
 def test_trace_cli_json_and_chrome_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,6 +21,7 @@ def test_trace_cli_json_and_chrome_trace(tmp_path: Path, capsys: pytest.CaptureF
     events = doc["events"]
     for e in events:
         assert {"step", "name", "t_ms", "pid", "process", "thread", "where"} <= set(e)
+        assert_event_on_the_map(e)
     api_pid = events[0]["pid"]
     core = [e for e in events if e["pid"] != api_pid]
     assert {e["step"] for e in core} >= set(range(5, 12))

@@ -22,5 +22,5 @@ def device() -> torch.device:
     if interpreting():
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        pytest.skip("TRITON_INTERPRET is off and there is no CUDA GPU")
+        pytest.skip("needs a CUDA GPU: TRITON_INTERPRET is off and there is none")
     return torch.device("cuda")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.models import ArchConfig, LlamaForCausalLM
+from shared.worker.models import ArchConfig, LlamaForCausalLM
 
 # Tolerances against the references, per dtype of the kernel's inputs.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}

@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from shared.attention import TorchAttention
-from shared.attention_metadata import AttentionMetadata
-from shared.model_loader import allocate_kv_caches
-from shared.models import LlamaForCausalLM
+from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.attention.torch_backend import TorchAttention
+from shared.worker.model_loader import allocate_kv_caches
+from shared.worker.models import LlamaForCausalLM
 from tests.kernels.helpers import tiny_model
 
 pytest.importorskip("triton")
@@ -57,7 +57,7 @@ def run(model: LlamaForCausalLM, device: torch.device) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_backend_matches_torch_logits(dtype: torch.dtype, device: torch.device) -> None:
-    from shared.attention_triton import TritonAttention
+    from shared.worker.attention.triton_backend import TritonAttention
 
     model = tiny_model(dtype).to(device)
     expected = run(model, device)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels.paged_decode import decode_split_len, paged_decode_ref
-from shared.attention import TorchAttention
-from shared.attention_metadata import AttentionMetadata
+from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.attention.torch_backend import TorchAttention
 from tests.kernels.helpers import assert_close, make_batch
 
 # Ragged contexts: one token, within a block, several blocks, past several splits of 16.

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels.paged_prefill import paged_prefill_ref
-from shared.attention import TorchAttention
-from shared.attention_metadata import AttentionMetadata
+from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.attention.torch_backend import TorchAttention
 from tests.kernels.helpers import assert_close, make_batch
 
 # (context after this step, query rows): a fresh prompt, a chunk after a cached prefix, a one-token

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels.rms_norm import rms_norm_ref
-from shared.models.layers import RMSNorm
+from shared.worker.models.layers import RMSNorm
 from tests.kernels.helpers import assert_close
 
 EPS = 1e-5

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.config import CacheConfig, SchedulerConfig
+from shared.core.request import Request
+from shared.core.scheduler import Scheduler
+from shared.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from shared.messages import EngineCoreOutput, SamplingParams
-from shared.request import Request
-from shared.scheduler import Scheduler
-from shared.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 TokenFn = Callable[[list[int]], int]
 

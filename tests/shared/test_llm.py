@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from shared import LLM, SamplingParams
-from shared.model_fetch import resolve_model
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -21,21 +20,21 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(dtype="float32", max_num_seqs=16, num_blocks=512)
+def llm(default_model_dir: str) -> LLM:
+    return LLM(default_model_dir, dtype="float32", max_num_seqs=16, num_blocks=512)
 
 
 def _chat_ids(llm: LLM, question: str) -> list[int]:
     return llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": question}]))
 
 
-def test_batched_greedy_equals_transformers_generate(llm: LLM) -> None:
+def test_batched_greedy_equals_transformers_generate(llm: LLM, default_model_dir: str) -> None:
     from transformers import AutoModelForCausalLM
 
     prompts = [_chat_ids(llm, q) for q in QUESTIONS]
     # min_tokens masks EOS as HF's min_new_tokens does, so both produce exactly 32 tokens.
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, min_tokens=32))
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model(None)), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
     for prompt, out in zip(prompts, outs):
         with torch.inference_mode():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32,
@@ -51,12 +50,12 @@ def test_chat_answers_paris(llm: LLM) -> None:
     assert out[0].outputs[0].token_ids[-1] == llm.tokenizer.eos_token_id
 
 
-def test_preemption_under_tiny_cache_keeps_greedy_outputs(llm: LLM) -> None:
+def test_preemption_under_tiny_cache_keeps_greedy_outputs(llm: LLM, default_model_dir: str) -> None:
     prompts = [_chat_ids(llm, q) for q in QUESTIONS[:6]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     roomy = llm.generate(prompts, params)
     # 6 requests of ~50 tokens each need ~24 blocks of 16; 12 blocks force preemption.
-    tight = LLM(dtype="float32", num_blocks=12, max_num_seqs=16)
+    tight = LLM(default_model_dir, dtype="float32", num_blocks=12, max_num_seqs=16)
     squeezed = tight.generate(prompts, params)
     assert tight.core.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in squeezed] == [o.outputs[0].token_ids for o in roomy]
@@ -107,10 +106,10 @@ def test_stop_string_truncates_text(llm: LLM) -> None:
     assert not llm.core.has_unfinished_requests()
 
 
-def test_prompt_longer_than_context_is_refused() -> None:
+def test_prompt_longer_than_context_is_refused(default_model_dir: str) -> None:
     from shared.errors import RequestTooLongError
 
-    small = LLM(dtype="float32", max_model_len=32, num_blocks=64)
+    small = LLM(default_model_dir, dtype="float32", max_model_len=32, num_blocks=64)
     with pytest.raises(RequestTooLongError, match="32"):
         small.generate([[5] * 40], SamplingParams(max_tokens=4))
     out = small.generate([[5] * 20], SamplingParams(max_tokens=100, ignore_eos=True))[0]

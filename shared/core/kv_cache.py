@@ -1,0 +1,149 @@
+"""Paged KV cache bookkeeping: each request's block table and hash-chained prefix caching.
+
+Token ``t`` of a request lives in slot ``t % block_size`` of block ``table[t // block_size]``:
+
+    tokens   0 1 2 3 | 4 5 6 7 | 8 9        block_size = 4, 10 tokens
+    table    [  7    ,    2    ,  5  ]      3 blocks; block 5 has 2 free slots
+
+A full block's hash chains its parent's hash with its own tokens, so equal hashes mean equal
+prefixes, not just equal blocks:
+
+    h0 = hash(SEED, (t0..t3))   h1 = hash(h0, (t4..t7))   block 5 is not full: no hash
+"""
+from __future__ import annotations
+
+from shared.core.block_pool import BlockPool
+from shared.core.request import Request
+
+_ROOT_HASH = 0x7477696E   # parent "hash" of a request's first block
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Maps requests to blocks of a BlockPool and reuses computed prefixes across requests."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[int]] = {}        # chain hashes of full blocks, grown lazily
+        self._num_hashed: dict[str, int] = {}          # table entries already published
+        self.prefix_cache_queries = 0                  # tokens looked up on admission
+        self.prefix_cache_hits = 0                     # tokens found cached
+
+    # -- counts -----------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks available to new allocations (cached-but-free blocks count as free)."""
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Share of blocks held by live requests, in [0, 1]."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (a copy); empty when it holds none."""
+        return list(self._tables.get(request_id, ()))
+
+    # -- get_computed_blocks / allocate_slots / free ----------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Cached blocks matching the request's leading full blocks, and the tokens they hold.
+
+        Takes no references; pass the blocks to ``allocate_slots``. At least one token is left
+        to compute so that the step that finishes the prompt samples a token.
+        """
+        if not self.enable_prefix_caching or request.request_id in self._tables:
+            return [], 0
+        num_full = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for block_hash in self._block_hashes(request, num_full):
+            block_id = self.pool.get_cached_block(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[int] | None = None) -> bool:
+        """Grow the request's table to cover its computed tokens, the prefix-hit blocks and
+        ``num_new_tokens`` more. Returns False, changing nothing, if the blocks are not free.
+
+        ``computed_blocks`` (from ``get_computed_blocks``) is only given on admission, when the
+        request holds no blocks and ``request.num_computed_tokens`` is 0.
+        """
+        rid = request.request_id
+        hits = computed_blocks or []
+        table = self._tables.get(rid, [])
+        if hits and table:
+            raise ValueError(f"request {rid} already holds blocks; prefix hits apply on admission")
+        num_tokens = request.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+        num_new_blocks = self.num_blocks_for(num_tokens) - len(table) - len(hits)
+        # Hit blocks sitting in the free list stop being allocatable once we touch them.
+        num_revived = sum(1 for b in hits if self.pool.ref_count(b) == 0)
+        if num_new_blocks > self.num_free_blocks - num_revived:
+            return False
+        if rid not in self._tables:
+            self._start_table(request, hits)
+            table = self._tables[rid]
+        if num_new_blocks > 0:
+            table.extend(self.pool.allocate(num_new_blocks))
+        return True
+
+    def free(self, request: Request) -> None:
+        """Return the request's blocks; cached ones stay hashed until evicted. Idempotent."""
+        rid = request.request_id
+        table = self._tables.pop(rid, [])
+        self._hashes.pop(rid, None)
+        self._num_hashed.pop(rid, None)
+        # Tail first: a prefix's later blocks are useless without its first ones, so the
+        # first blocks should be the last to be evicted.
+        self.pool.free(table[::-1])
+
+    # -- cache_blocks -----------------------------------------------------------------------
+    def cache_blocks(self, request: Request) -> None:
+        """Publish the request's blocks that are full of computed tokens to the prefix cache."""
+        rid = request.request_id
+        if not self.enable_prefix_caching or rid not in self._tables:
+            return
+        num_full = min(request.num_computed_tokens // self.block_size, len(self._tables[rid]))
+        start = self._num_hashed[rid]
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, num_full)
+        table = self._tables[rid]
+        for i in range(start, num_full):
+            self.pool.cache_block(table[i], hashes[i])
+        self._num_hashed[rid] = num_full
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _start_table(self, request: Request, hits: list[int]) -> None:
+        self.pool.touch(hits)
+        self._tables[request.request_id] = list(hits)
+        self._num_hashed[request.request_id] = len(hits)
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += len(hits) * self.block_size
+
+    def _block_hashes(self, request: Request, num_full: int) -> list[int]:
+        """Chain hashes of the request's first ``num_full`` blocks (computed once each)."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        bs, tokens = self.block_size, request.all_token_ids
+        while len(hashes) < num_full:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else _ROOT_HASH
+            hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
+        return hashes[:num_full]

@@ -1,0 +1,270 @@
+"""Continuous batching under a token budget (lifecycle steps 5, 6 and 11).
+
+There are no prefill and decode phases: every request has ``num_tokens`` known tokens (prompt +
+outputs) of which ``num_computed_tokens`` sit in the KV cache, and each step computes up to
+``num_tokens - num_computed_tokens`` more of them. A long prompt thus fills in chunks across
+steps while other requests keep decoding, and a preempted request recomputes the same way.
+
+    prompt 10, budget 4 per step, block_size 4:
+      step 1  computes 0..3    step 2  computes 4..7    step 3  computes 8..9, samples t10
+      step 4  computes t10, samples t11  ...
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from shared.config import CacheConfig, SchedulerConfig
+from shared.core.kv_cache import KVCacheManager
+from shared.core.request import Request, RequestStatus
+from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from shared.errors import ParamError, RequestTooLongError
+from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
+from shared.trace.steps import Step
+from shared.trace.tracer import Tracer
+
+
+class Scheduler:
+    """Picks each step's batch, owns the KV cache bookkeeping and decides when requests stop."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 max_model_len: int, tracer: Tracer | None = None) -> None:
+        if cache_config.num_blocks is None:
+            raise ValueError("cache_config.num_blocks must be resolved before building a Scheduler")
+        self.config = scheduler_config
+        self.max_model_len = max_model_len
+        self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}     # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []           # admission order: the last is the newest
+        self.num_preemptions = 0
+        self._finished_ids: list[str] = []         # since the last non-empty schedule()
+        self.tracer = tracer or Tracer("engine-core")
+
+    # -- add_request / abort_requests -------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises RequestTooLongError if it could never run."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self._check_fits(request)
+        request.max_output_tokens = self._max_output_tokens(request)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        if request.trace:
+            self.tracer.begin(request.request_id, request.trace_decode)
+            self.tracer.event(request.request_id, Step.QUEUED, "queued",
+                              {"prompt_tokens": request.num_prompt_tokens, "waiting": len(self.waiting)},
+                              where=self.add_request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        """Finish these requests now and free their blocks; unknown ids are ignored."""
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if req.status is RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._finish(req, RequestStatus.FINISHED_ABORTED)
+            aborted.append(req)
+        return aborted
+
+    def _check_fits(self, request: Request) -> None:
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise ParamError("the prompt must contain at least one token", param="prompt")
+        if n >= self.max_model_len:
+            raise RequestTooLongError(
+                f"the prompt has {n} tokens but the model's context length is "
+                f"{self.max_model_len} tokens, which leaves no room to generate", param="prompt")
+        kv = self.kv_cache_manager
+        need = kv.num_blocks_for(n + 1)
+        if need > kv.num_blocks:
+            raise RequestTooLongError(
+                f"the prompt has {n} tokens and needs {need} KV-cache blocks of {kv.block_size} "
+                f"tokens, but the whole cache holds {kv.num_blocks} blocks "
+                f"({kv.num_blocks * kv.block_size} tokens)", param="prompt")
+
+    def _max_output_tokens(self, request: Request) -> int:
+        n = request.num_prompt_tokens
+        # k outputs need KV for n + k - 1 tokens: never promise more than the whole cache,
+        # or a lone request would outgrow it and preempt itself forever.
+        cache_tokens = self.kv_cache_manager.num_blocks * self.kv_cache_manager.block_size
+        limit = min(self.max_model_len - n, cache_tokens - n + 1)
+        max_tokens = request.sampling_params.max_tokens
+        return limit if max_tokens is None else min(max_tokens, limit)
+
+    # -- schedule ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """This step's batch: running requests first, in order, then waiting ones FCFS."""
+        out = SchedulerOutput(finished_ids=list(self._finished_ids))
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted_ids:   # blocks are short: let running requests catch up first
+            self._schedule_waiting(out, budget)
+        out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
+        if out.scheduled:
+            # An empty step never reaches the runner: keep the ids for the next real one.
+            self._finished_ids = []
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        kv = self.kv_cache_manager
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:     # the runner did not sample it last step: nothing to compute
+                i += 1
+                continue
+            while not kv.allocate_slots(req, num_new):
+                # Victims come from the tail, so they were not scheduled yet in this step.
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is req:
+                    return budget
+            self._add_scheduled(out, req, num_new)
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            num_new = self._admit(self.waiting[0], out, budget)
+            if num_new == 0:
+                break    # FCFS: nobody overtakes the head of the queue
+            budget -= num_new
+
+    def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> int:
+        """Move the head of the waiting queue to running if its blocks fit; tokens scheduled."""
+        kv = self.kv_cache_manager
+        hits, num_hit = kv.get_computed_blocks(req)
+        num_new = min(req.num_tokens - num_hit, budget)
+        if not kv.allocate_slots(req, num_new, hits):
+            return 0
+        self.waiting.popleft()
+        if req.status is RequestStatus.WAITING:     # first admission, not a resume
+            req.num_cached_tokens = num_hit
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_hit
+        self.running.append(req)
+        self._add_scheduled(out, req, num_new, num_hit)
+        return num_new
+
+    def _add_scheduled(self, out: SchedulerOutput, req: Request, num_new: int,
+                       num_hit: int = 0) -> None:
+        block_ids = self.kv_cache_manager.get_block_ids(req.request_id)
+        s = ScheduledRequest(req, req.num_computed_tokens, num_new, block_ids)
+        out.scheduled.append(s)
+        if req.trace:
+            self._trace_scheduled(out, s, num_hit)
+
+    def _trace_scheduled(self, out: SchedulerOutput, s: ScheduledRequest, num_hit: int) -> None:
+        """Steps 6 and 7 of a traced request: picked for this batch, blocks in hand."""
+        if out.traced is None:
+            out.traced = []
+        out.traced.append(s)
+        rid, decode = s.request.request_id, s.start >= s.request.num_prompt_tokens
+        self.tracer.event(rid, Step.SCHEDULED, "scheduled",
+                          {"new_tokens": s.num_new_tokens, "computed": s.start,
+                           "running": len(self.running)}, where=self.schedule, decode=decode)
+        kv = self.kv_cache_manager
+        self.tracer.event(rid, Step.KV_ALLOCATED, "KV blocks allocated",
+                          {"blocks": len(s.block_ids), "free_blocks": kv.num_free_blocks,
+                           "prefix_hit_tokens": num_hit}, where=kv.allocate_slots, decode=decode)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Recompute later: drop its KV, keep its outputs, queue it before everyone else."""
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted_ids.append(req.request_id)
+
+    # -- update_from_output -----------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance progress, append sampled tokens, finish stopped requests; new tokens out."""
+        kv = self.kv_cache_manager
+        outputs = []
+        for s in scheduler_output.scheduled:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:
+                continue    # aborted while the step ran: its blocks are gone already
+            samples = s.samples
+            req.num_computed_tokens += s.num_new_tokens
+            kv.cache_blocks(req)
+            token = runner_output.sampled_token_ids.get(req.request_id) if samples else None
+            if token is not None:
+                logprobs = runner_output.logprobs.get(req.request_id)
+                outputs.append(self._append_token(req, token, logprobs))
+        if any(r.status.finished for r in self.running):
+            self.running = [r for r in self.running if not r.status.finished]
+        return outputs
+
+    def _append_token(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> EngineCoreOutput:
+        req.append_output_token(token)
+        if logprobs is not None:
+            req.output_logprobs.append(logprobs)
+        if req.trace:
+            self.tracer.event(req.request_id, Step.SAMPLED, "token sampled",
+                              {"token_id": token, "output_tokens": req.num_output_tokens},
+                              where=self.update_from_output, decode=req.num_output_tokens > 1)
+        status = self._check_stop(req, token)
+        if status is not None:
+            self._finish(req, status)
+        return EngineCoreOutput(
+            request_id=req.request_id, new_token_ids=[token],
+            new_logprobs=None if logprobs is None else [logprobs],
+            finish_reason=req.status.finish_reason, stop_reason=req.stop_reason,
+            num_cached_tokens=req.num_cached_tokens)
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if token == req.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= req.max_output_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        """Mark finished and free the blocks now; the caller takes it out of its queue."""
+        req.status = status
+        num_blocks = len(self.kv_cache_manager.get_block_ids(req.request_id)) if req.trace else 0
+        self.kv_cache_manager.free(req)
+        del self.requests[req.request_id]
+        if req.trace:
+            self.tracer.end(req.request_id)
+            self.tracer.event(req.request_id, Step.SAMPLED, "finished in the core, KV blocks freed",
+                              {"reason": status.finish_reason, "blocks_freed": num_blocks},
+                              where=self.update_from_output)
+        self._finished_ids.append(req.request_id)
+
+    # -- queries ----------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def get_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running=self.num_running, num_waiting=self.num_waiting,
+            num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+            kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions)

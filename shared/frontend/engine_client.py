@@ -1,0 +1,37 @@
+"""The contract between the API layer and an engine; the API layer knows nothing else."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from shared.frontend.outputs import RequestOutput
+from shared.frontend.tokenizer import Tokenizer
+from shared.messages import ModelInfo, SamplingParams
+
+
+class EngineClient(Protocol):
+    """Implemented by ``engine_v0.AsyncEngine`` (in-process) and ``engine_v1.AsyncLLM`` (ZMQ)."""
+
+    tokenizer: Tokenizer
+    model_info: ModelInfo
+
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 trace: bool = False) -> AsyncIterator[RequestOutput]:
+        """Stream delta outputs of one sequence (n == 1) until one has ``finished``.
+
+        Raises ``QueueFullError`` when too many requests wait, ``EngineDeadError`` when the
+        engine cannot serve; closing the iterator early aborts the request.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def check_health(self) -> None:
+        """Raise ``EngineDeadError`` if the engine cannot serve."""
+        ...
+
+    async def get_stats(self) -> dict:
+        """Latest scheduler stats and step timings, for /metrics and the compare harness."""
+        ...
+
+    async def shutdown(self) -> None: ...

@@ -1,7 +1,0 @@
-"""Model implementations: the Llama family over a flat token batch and a paged KV cache."""
-from __future__ import annotations
-
-from shared.models.arch_config import ArchConfig
-from shared.models.llama import LlamaForCausalLM
-
-__all__ = ["ArchConfig", "LlamaForCausalLM"]

@@ -1,0 +1,23 @@
+"""A real twinserve server on loopback, one per engine, shared by the whole api suite."""
+from __future__ import annotations
+
+import pytest
+
+from tests.server_util import ENGINES, Server, start_server, stop_server
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           default_model_dir: str):
+    # default_model_dir: the model is fetched before the server's start-up timeout runs.
+    log_path = tmp_path_factory.mktemp(f"server-{request.param}") / "server.log"
+    srv = start_server(request.param, log_path)
+    yield srv
+    code = stop_server(srv)
+    assert code == 0, f"server exited with {code}: {log_path.read_text()[-3000:]}"
+
+
+@pytest.fixture()
+def client(server: Server):
+    with server.client() as c:
+        yield c
