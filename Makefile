@@ -6,7 +6,7 @@ STAMP := $(VENV)/.twinserve-installed
 ENGINE ?= v1
 PORT ?= 8000
 
-.PHONY: install model test test-fast serve bench bench-offline clean
+.PHONY: install model test test-fast serve bench bench-offline bench-quality clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ serve: install model
 
 bench-offline: install model
 	$(PY) -m compare.bench_offline
+
+# Perplexity and greedy agreement of every --quantization mode on the default model (minutes).
+bench-quality: install model
+	$(PY) -m compare.quality --json bench-quality.json
 
 # A short v0-vs-v1 comparison (a few minutes); `twinserve compare --help` for the long one.
 bench: install model

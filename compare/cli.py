@@ -14,6 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from compare.config import CompareConfig, quick_config
+from shared.config import QUANTIZATION_MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-size", type=float, dest="kv_cache_size_gb", help="GiB, both engines")
     p.add_argument("--num-threads", type=int, help="torch threads of each server (default: cores - 1)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
+    p.add_argument("--quantization", choices=QUANTIZATION_MODES,
+                   help="linear-layer weight format of both engines (default: the servers' own)")
     p.add_argument("--url", help="drive this running OpenAI-compatible server instead of starting engines")
     p.add_argument("--tokenizer", help="folder with tokenizer.json for --url prompts (default: SmolLM2's)")
     p.add_argument("--api-key")

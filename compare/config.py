@@ -34,6 +34,7 @@ class CompareConfig:
     # core process and its API process oversubscribe the CPU (seen: 15x slower tiny forwards).
     num_threads: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1))
     dtype: str = "auto"
+    quantization: str | None = None         # None: each server's default (--quantization)
     engines: tuple[str, ...] = ("v0", "v1")
     # --url: drive an already running server instead.
     url: str | None = None

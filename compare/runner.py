@@ -99,7 +99,8 @@ class Runner:
         if cfg.url is not None:
             return self._measure(model, engine, rep, cfg.url.rstrip("/"), datasets)
         settings = ServerSettings(self.model_paths[model], cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                  cfg.kv_cache_size_gb, cfg.num_threads, cfg.dtype)
+                                  cfg.kv_cache_size_gb, cfg.num_threads, cfg.dtype,
+                                  cfg.quantization)
         log = cfg.out / "logs" / f"{model}-{engine}-r{rep}.log"
         assert self.bar is not None
         self.bar.set_description(f"{model} {engine} r{rep} starting")

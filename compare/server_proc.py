@@ -19,9 +19,11 @@ class ServerSettings:
     kv_cache_size_gb: float = 0.5
     num_threads: int = 1
     dtype: str = "auto"
+    quantization: str | None = None     # None: the server's own default
 
     def flags(self) -> list[str]:
-        return ["--model", self.model,
+        quant = [] if self.quantization is None else ["--quantization", self.quantization]
+        return [*quant, "--model", self.model,
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                 "--kv-cache-size", str(self.kv_cache_size_gb),

@@ -3,11 +3,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+QUANTIZATION_MODES = ("none", "int8", "int4", "w8a8", "auto")
+
 
 @dataclass
 class ModelConfig:
     model: str | None = None          # None: the default SmolLM2-135M-Instruct
     dtype: str = "auto"               # auto | float32 | bfloat16
+    # Weight format of the linear layers: none (the float weights: today's exact path) | int8 |
+    # int4 (weight-only) | w8a8 | auto (per step, the format measured fastest for its size).
+    quantization: str = "auto"
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0
     num_threads: int | None = None    # torch intra-op threads; None keeps torch's default
@@ -22,6 +27,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, "
+                             f"not {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
         if self.attention_backend not in ("auto", "torch", "triton"):

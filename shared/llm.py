@@ -28,7 +28,7 @@ class CoreDriver(Protocol):
 
 
 class LLM:
-    def __init__(self, model: str | None = None, *, dtype: str = "auto",
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", quantization: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
@@ -38,7 +38,8 @@ class LLM:
         an in-process EngineCore, ``engine_v1.CoreProcessClient`` runs it in its own process."""
         path = resolve_model(model)
         self.config = EngineConfig(
-            model=ModelConfig(model=str(path), dtype=dtype, max_model_len=max_model_len,
+            model=ModelConfig(model=str(path), dtype=dtype, quantization=quantization,
+                              max_model_len=max_model_len,
                               seed=seed, num_threads=num_threads),
             cache=CacheConfig(num_blocks=num_blocks, kv_cache_size_gb=kv_cache_size_gb,
                               enable_prefix_caching=enable_prefix_caching),
@@ -94,6 +95,8 @@ class LLM:
                 parent, index = results[out.request_id]
                 _accumulate(parent.outputs[index], out.outputs[0])
                 parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
+                if out.prompt_logprobs is not None and index == 0:
+                    parent.prompt_logprobs = out.prompt_logprobs
         for r in ordered:
             r.finished = True
         return ordered

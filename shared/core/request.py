@@ -57,6 +57,7 @@ class Request:
         self.trace_decode = trace_decode    # keep every decode step's events (no summary)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprobs] = []
+        self.prompt_logprobs: list[TokenLogprobs] = []    # scored so far (prompt_logprobs asked)
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0      # prefix-cache hit on first scheduling

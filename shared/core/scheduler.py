@@ -181,6 +181,7 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.prompt_logprobs = []        # the recompute scores the prompt again, if still owed
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -199,6 +200,8 @@ class Scheduler:
             samples = s.samples
             req.num_computed_tokens += s.num_new_tokens
             kv.cache_blocks(req)
+            if req.request_id in runner_output.prompt_logprobs:
+                req.prompt_logprobs.extend(runner_output.prompt_logprobs[req.request_id])
             token = runner_output.sampled_token_ids.get(req.request_id) if samples else None
             if token is not None:
                 logprobs = runner_output.logprobs.get(req.request_id)
@@ -208,6 +211,9 @@ class Scheduler:
         return outputs
 
     def _append_token(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> EngineCoreOutput:
+        prompt_lps = None
+        if req.num_output_tokens == 0 and req.sampling_params.prompt_logprobs is not None:
+            prompt_lps, req.prompt_logprobs = [None, *req.prompt_logprobs], []
         req.append_output_token(token)
         if logprobs is not None:
             req.output_logprobs.append(logprobs)
@@ -222,7 +228,7 @@ class Scheduler:
             request_id=req.request_id, new_token_ids=[token],
             new_logprobs=None if logprobs is None else [logprobs],
             finish_reason=req.status.finish_reason, stop_reason=req.stop_reason,
-            num_cached_tokens=req.num_cached_tokens)
+            num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps)
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params

@@ -48,3 +48,5 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # Logprobs of prompt tokens this step's chunks scored (requests with prompt_logprobs).
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

@@ -30,6 +30,9 @@ class _RequestState:
     text: str = ""              # output text so far, cut at a stop string
     sent: int = 0               # characters of ``text`` already handed out
     num_tokens: int = 0
+    # Prompt logprobs that came with a token whose text is still held back (a stop string
+    # may be starting): they go out with the first output that is emitted.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def hold_back(self) -> int:
@@ -104,6 +107,8 @@ class OutputProcessor:
         elif finish_reason is not None:
             state.add_text(state.detok.flush())     # a trailing incomplete character
         finished = finish_reason is not None
+        if out.prompt_logprobs is not None:
+            state.prompt_logprobs = out.prompt_logprobs
         if num_kept == 0 and not finished:
             return None, False
         completion = CompletionOutput(
@@ -114,7 +119,9 @@ class OutputProcessor:
         request_output = RequestOutput(
             request_id=state.request_id, prompt_token_ids=state.prompt_token_ids, outputs=[completion],
             finished=finished, num_cached_tokens=out.num_cached_tokens, prompt=state.prompt,
+            prompt_logprobs=state.prompt_logprobs,
         )
+        state.prompt_logprobs = None
         # A core-finished request needs no abort, even if a stop string also matched.
         return request_output, stop is not None and out.finish_reason is None
 

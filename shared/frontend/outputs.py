@@ -27,3 +27,6 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     prompt: str | None = None
+    # SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), on the
+    # first output of the request.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +17,15 @@ import torch
 from shared.config import EngineConfig
 from shared.core.request import Request
 from shared.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from shared.messages import TokenLogprobs
 from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.cuda_graphs import DecodeGraphs
+from shared.worker.model_fetch import cache_dir
 from shared.worker.model_loader import allocate_kv_caches, kv_bytes_per_block, load_model
+from shared.worker.models.arch_config import ArchConfig
+from shared.worker.native.build import load_native
+from shared.worker.prompt_logprobs import PromptRows, prompt_rows, score_prompts
+from shared.worker.quant.policy import apply_quantization, resolve_dtype
 from shared.worker.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -32,13 +38,9 @@ class ModelInput:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor    # [num_sampling] rows of hidden states to turn into logits
     sampling_requests: list[Request]
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    # On this CPU bf16 matmuls measured 2.5-4x faster than fp32 from 16 tokens per batch up.
-    if name == "auto":
-        return torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    prompt_rows: list[PromptRows] = field(default_factory=list)    # prompt_logprobs asked
+    # Filled by ``forward`` from the hidden states it alone sees; read by ``sample``.
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
@@ -74,11 +76,16 @@ class ModelRunner:
             torch.set_num_threads(mc.num_threads)
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
-        self.dtype = resolve_dtype(mc.dtype, mc.device)
+        tuning = cache_dir() / "tuning"
+        self.dtype = resolve_dtype(mc.dtype, self.device, ArchConfig.from_folder(model_path), tuning)
         is_cuda = self.device.type == "cuda"
         free_before = torch.cuda.mem_get_info(self.device)[0] if is_cuda else 0
         self.model = load_model(model_path, dtype=self.dtype, device=mc.device)
         self.arch = self.model.arch
+        # Native kernels serve the small-batch quantized matmuls on CPU (pure torch without them).
+        self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
+        self.quantization = apply_quantization(self.model, mc.quantization, self.dtype, self.device,
+                                               tuning, self.native)
         self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device)
         if self.attention_backend == "triton":
             self._use_triton_attention()
@@ -99,8 +106,10 @@ class ModelRunner:
                                             self.block_size, self.dtype, mc.device)
         self.graphs = self._capture_graphs(config) if use_graphs else None
         self.sampler = Sampler()
-        logger.info("model runner: %s %s, %s attention, %d KV blocks, CUDA graphs %s", self.device,
-                    self.dtype, self.attention_backend, self.num_blocks, "on" if use_graphs else "off")
+        quant = "float weights" if self.quantization is None else self.quantization.describe()
+        logger.info("model runner: %s %s (%s), %s attention, %d KV blocks, CUDA graphs %s",
+                    self.device, self.dtype, quant, self.attention_backend, self.num_blocks,
+                    "on" if use_graphs else "off")
 
     def _use_triton_attention(self) -> None:
         from shared.worker.attention.triton_backend import TritonAttention
@@ -145,10 +154,13 @@ class ModelRunner:
         tokens: list[int] = []
         positions, slots, logits_idx = [], [], []
         query_lens, seq_lens, sampling = [], [], []
+        scored: list[PromptRows] = []
         max_blocks = max(len(s.block_ids) for s in sched.scheduled)
         tables = np.zeros((len(sched.scheduled), max_blocks), dtype=np.int32)
         for i, s in enumerate(sched.scheduled):
             end = s.start + s.num_new_tokens
+            if (rows := prompt_rows(s, len(tokens))) is not None:
+                scored.append(rows)
             tokens.extend(s.request.all_token_ids[s.start:end])
             pos = np.arange(s.start, end, dtype=np.int64)
             table = np.asarray(s.block_ids, dtype=np.int64)
@@ -177,6 +189,7 @@ class ModelRunner:
             attn_metadata=meta,
             logits_indices=self._to_device(np.asarray(logits_idx, dtype=np.int64)),
             sampling_requests=sampling,
+            prompt_rows=scored,
         )
 
     def _to_device(self, arr: np.ndarray) -> torch.Tensor:
@@ -193,13 +206,15 @@ class ModelRunner:
             hidden = self.graphs.run(inp.input_ids, inp.positions, inp.attn_metadata)
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, self.kv_caches)
+        if inp.prompt_rows:
+            inp.prompt_logprobs = score_prompts(hidden, inp.prompt_rows, self.model.compute_logits)
         if not inp.sampling_requests:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inp.logits_indices])
 
     @torch.inference_mode()
     def sample(self, inp: ModelInput, logits: torch.Tensor) -> ModelRunnerOutput:
-        out = ModelRunnerOutput()
+        out = ModelRunnerOutput(prompt_logprobs=inp.prompt_logprobs)
         if not inp.sampling_requests:
             return out
         result = self.sampler.sample(logits, inp.sampling_requests)

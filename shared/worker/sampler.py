@@ -214,16 +214,23 @@ def _flat_indices(token_lists: list[list[int]], vocab: int, device: torch.device
 def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
                     meta: SamplingMetadata) -> list[TokenLogprobs | None]:
     """Sampled token's logprob and rank (1 = most likely) plus each row's top-N."""
-    sampled = raw_logprobs.gather(1, token_ids.unsqueeze(1))
-    ranks = (raw_logprobs > sampled).sum(dim=-1) + 1
-    n_max = min(meta.max_num_logprobs or 0, raw_logprobs.shape[-1])
+    return token_logprobs(raw_logprobs, token_ids, meta.num_logprobs)
+
+
+def token_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
+                   num_top: list[int | None]) -> list[TokenLogprobs | None]:
+    """Per row: ``token_ids``' logprob and rank, and the top ``num_top[row]`` alternatives
+    (None: the row asked for nothing)."""
+    chosen = raw_logprobs.gather(1, token_ids.unsqueeze(1))
+    ranks = (raw_logprobs > chosen).sum(dim=-1) + 1
+    n_max = min(max((n or 0 for n in num_top), default=0), raw_logprobs.shape[-1])
     top_lp, top_ids = raw_logprobs.topk(n_max, dim=-1) if n_max > 0 else (None, None)
     # One host transfer per tensor, then plain Python per row.
-    ids_l, lp_l, rank_l = token_ids.tolist(), sampled.squeeze(1).tolist(), ranks.tolist()
+    ids_l, lp_l, rank_l = token_ids.tolist(), chosen.squeeze(1).tolist(), ranks.tolist()
     top_ids_l = top_ids.tolist() if top_ids is not None else None
     top_lp_l = top_lp.tolist() if top_lp is not None else None
     out: list[TokenLogprobs | None] = []
-    for i, n in enumerate(meta.num_logprobs):
+    for i, n in enumerate(num_top):
         if n is None:
             out.append(None)
             continue

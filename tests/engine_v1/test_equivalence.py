@@ -43,7 +43,8 @@ def answers(tmp_path_factory: pytest.TempPathFactory, default_model_dir: str) ->
     out: dict[str, list[list[dict]]] = {}       # default_model_dir: fetched before the servers start
     for engine in ("v0", "v1"):
         # float32: bf16 results depend on batch composition, which differs between topologies.
-        server = start_server(engine, tmp_path_factory.mktemp(engine) / "server.log", "--dtype", "float32")
+        server = start_server(engine, tmp_path_factory.mktemp(engine) / "server.log", "--dtype", "float32",
+                              "--quantization", "none")
         try:
             with server.client() as c:
                 out[engine] = []
@@ -68,8 +69,10 @@ def test_offline_llm_over_core_process_matches_in_process(default_model_dir: str
     prompts = ["The capital of France is", "def fibonacci(n):"]
     params = [SamplingParams(temperature=0, max_tokens=12),
               SamplingParams(temperature=0.7, seed=3, max_tokens=12, ignore_eos=True)]
-    local = LLM(default_model_dir, dtype="float32", num_blocks=256).generate(prompts, params)
-    remote_llm = LLM(default_model_dir, dtype="float32", num_blocks=256, core_factory=CoreProcessClient)
+    local = LLM(default_model_dir, dtype="float32", quantization="none",
+                num_blocks=256).generate(prompts, params)
+    remote_llm = LLM(default_model_dir, dtype="float32", quantization="none",
+                     num_blocks=256, core_factory=CoreProcessClient)
     try:
         remote = remote_llm.generate(prompts, params)
     finally:

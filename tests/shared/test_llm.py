@@ -21,7 +21,8 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir: str) -> LLM:
-    return LLM(default_model_dir, dtype="float32", max_num_seqs=16, num_blocks=512)
+    return LLM(default_model_dir, dtype="float32", quantization="none",
+               max_num_seqs=16, num_blocks=512)
 
 
 def _chat_ids(llm: LLM, question: str) -> list[int]:
@@ -55,7 +56,8 @@ def test_preemption_under_tiny_cache_keeps_greedy_outputs(llm: LLM, default_mode
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     roomy = llm.generate(prompts, params)
     # 6 requests of ~50 tokens each need ~24 blocks of 16; 12 blocks force preemption.
-    tight = LLM(default_model_dir, dtype="float32", num_blocks=12, max_num_seqs=16)
+    tight = LLM(default_model_dir, dtype="float32", quantization="none",
+                num_blocks=12, max_num_seqs=16)
     squeezed = tight.generate(prompts, params)
     assert tight.core.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in squeezed] == [o.outputs[0].token_ids for o in roomy]
@@ -109,7 +111,8 @@ def test_stop_string_truncates_text(llm: LLM) -> None:
 def test_prompt_longer_than_context_is_refused(default_model_dir: str) -> None:
     from shared.errors import RequestTooLongError
 
-    small = LLM(default_model_dir, dtype="float32", max_model_len=32, num_blocks=64)
+    small = LLM(default_model_dir, dtype="float32", quantization="none",
+                max_model_len=32, num_blocks=64)
     with pytest.raises(RequestTooLongError, match="32"):
         small.generate([[5] * 40], SamplingParams(max_tokens=4))
     out = small.generate([[5] * 20], SamplingParams(max_tokens=100, ignore_eos=True))[0]

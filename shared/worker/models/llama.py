@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shared.worker.attention.base import AttentionBackend
@@ -96,7 +95,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, hidden] -> float32 logits [M, vocab]."""
-        return F.linear(hidden, self.lm_head.weight).float()
+        return self.lm_head(hidden).float()
 
     def _token_seq_lens(self, meta: AttentionMetadata) -> torch.Tensor | None:
         # Only dynamic NTK RoPE depends on the sequence length; skip the work otherwise.

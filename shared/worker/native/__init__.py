@@ -1,0 +1,1 @@
+"""Native CPU kernels (C through ctypes), built per machine; the pure-torch path is the fallback."""

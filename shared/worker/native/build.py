@@ -1,0 +1,114 @@
+"""Build (once per machine, cached) and load twinserve's native CPU kernels.
+
+``kernels.c`` is compiled with gcc into a shared library called through ctypes: no torch
+headers, so a build takes about a second, and a missing compiler or a failed build only means
+the pure-torch path (one warning line). The library is cached under the twinserve cache,
+keyed by the source, the compiler, its flags and the CPU's instruction sets: machines of this
+project's kind alternate between CPUs with and without AVX-512, and a build for one must never
+load on the other. ``TWINSERVE_NATIVE=0`` turns the native kernels off.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+_BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
+_ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
+              "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
+
+
+def isa_flags(capability: str | None = None) -> list[str]:
+    """Compiler flags for the instruction sets this CPU has (torch's own detection)."""
+    cap = capability or torch.backends.cpu.get_cpu_capability()
+    return list(_ISA_FLAGS.get(cap.split()[0].upper().replace("_", ""), []))
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def build_key(cc: str, flags: list[str]) -> str:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    facts = "\n".join([SOURCE.read_text(), cc, version, " ".join(flags)])
+    return hashlib.sha256(facts.encode()).hexdigest()[:16]
+
+
+def build(cache: Path, flags: list[str] | None = None) -> Path:
+    """The compiled library for this machine (built now if it is not in ``cache``)."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (gcc or cc) on PATH")
+    flags = isa_flags() if flags is None else flags
+    target = cache / f"twinserve-native-{build_key(cc, flags)}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:     # atomic: build aside, then rename
+        out = Path(tmp) / target.name
+        cmd = [cc, *_BASE_FLAGS, *flags, str(SOURCE), "-o", str(out), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
+        out.replace(target)
+    return target
+
+
+class NativeKernels:
+    """The loaded library, its functions typed for ctypes."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        f = lib.int8_gemm_small
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        f.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
+        f.restype = ctypes.c_int
+        lib.native_isa.restype = ctypes.c_char_p
+        self._lib = lib
+        self.isa = lib.native_isa().decode()
+        self.path = path
+        self.max_rows = 8
+
+    def int8_gemm_small(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                        num_threads: int) -> torch.Tensor:
+        """x [M, K] float32, q [N, K] int8, scale [N] float32 -> [M, N] float32 (M <= 8)."""
+        m, k = x.shape
+        n = q.shape[0]
+        x = x.contiguous()
+        out = torch.empty(m, n, dtype=torch.float32)
+        rc = self._lib.int8_gemm_small(x.data_ptr(), m, k, q.data_ptr(), scale.data_ptr(), n,
+                                       out.data_ptr(), num_threads)
+        if rc != 0:
+            raise ValueError(f"int8_gemm_small: {m} rows (at most {self.max_rows})")
+        return out
+
+
+def load_native(cache: Path) -> NativeKernels | None:
+    """The native kernels, or None (with one warning) when they cannot be built or loaded."""
+    if os.environ.get("TWINSERVE_NATIVE", "1") == "0":
+        logger.info("native kernels off (TWINSERVE_NATIVE=0): pure-torch path")
+        return None
+    try:
+        kernels = NativeKernels(build(cache))
+    except (OSError, RuntimeError) as exc:
+        logger.warning("native kernels unavailable, using the pure-torch path: %s", exc)
+        return None
+    logger.info("native kernels: %s (%s)", kernels.isa, kernels.path.name)
+    return kernels
+
+
+if __name__ == "__main__":      # `python -m shared.worker.native.build`: build ahead of time
+    from shared.worker.model_fetch import cache_dir
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(load_native(cache_dir() / "native"))

@@ -1,0 +1,104 @@
+"""Linear layers that keep one or more weight formats and pick one per call by batch size.
+
+``--quantization int8`` keeps only int8 weights; ``auto`` keeps the formats its measured
+``Dispatch`` uses (e.g. int8 for small decode batches, dense bf16 for prefill chunks) and each
+call picks by the rows it multiplies: all layers of a step see the same token count, and the
+lm_head sees the number of sampled rows.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from shared.worker.models.layers import Linear
+from shared.worker.quant.formats import WeightFormat, pack
+
+if TYPE_CHECKING:
+    from shared.worker.native.build import NativeKernels
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Which format runs a matmul of M rows: the first ``(max_rows, format)`` with M <= max_rows."""
+
+    ranges: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def single(cls, name: str) -> Dispatch:
+        return cls(((sys.maxsize, name),))
+
+    def format_for(self, rows: int) -> str:
+        for max_rows, name in self.ranges:
+            if rows <= max_rows:
+                return name
+        return self.ranges[-1][1]
+
+    @property
+    def formats(self) -> list[str]:
+        return list(dict.fromkeys(name for _, name in self.ranges))
+
+    def describe(self) -> str:
+        parts, lo = [], 1
+        for max_rows, name in self.ranges:
+            hi = "" if max_rows == sys.maxsize else str(max_rows)
+            parts.append(f"{name} for {lo}-{hi} rows" if hi else f"{name} from {lo} rows")
+            lo = max_rows + 1
+        return ", ".join(parts)
+
+
+class QuantLinear(nn.Module):
+    """``y = x W^T + b`` through the format ``dispatch`` picks for x's row count."""
+
+    def __init__(self, formats: dict[str, WeightFormat], bias: torch.Tensor | None,
+                 dispatch: Dispatch) -> None:
+        super().__init__()
+        self.formats = formats
+        self.bias = bias
+        self.dispatch = dispatch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.formats[self.dispatch.format_for(x.shape[0])].matmul(x)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.formats.values())
+
+
+def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
+                   native: NativeKernels | None = None) -> int:
+    """Swap every ``Linear`` (lm_head included) for a ``QuantLinear`` holding the formats
+    ``dispatch`` uses; returns the bytes of all linear weights afterwards.
+
+    The dense float weights are dropped unless a format needs them; a tied lm_head's dense
+    weight is the embedding table, which stays for the lookup anyway.
+    """
+    total = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, Linear):
+            continue
+        weight = module.weight.detach()
+        formats = {f: _pack_or_dense(f, weight, dtype, name, native) for f in dispatch.formats}
+        bias = None if module.bias is None else module.bias.detach().to(dtype)
+        layer = QuantLinear(formats, bias, dispatch)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
+        total += layer.nbytes
+    return total
+
+
+def _pack_or_dense(fmt: str, weight: torch.Tensor, dtype: torch.dtype, layer: str,
+                   native: NativeKernels | None) -> WeightFormat:
+    """A shape the format cannot hold (e.g. int4 on an odd vocabulary) keeps its float weight."""
+    try:
+        return pack(fmt, weight, dtype, native)
+    except ValueError as exc:
+        logger.info("%s stays unquantized: %s", layer, exc)
+        return pack("none", weight, dtype)

@@ -1,0 +1,52 @@
+"""What ``--quantization`` means on this device: which formats a model keeps and when each runs."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shared.worker.models.arch_config import ArchConfig
+from shared.worker.native.build import NativeKernels
+from shared.worker.quant.linear import Dispatch, quantize_model
+from shared.worker.quant.tuning import faster_dense_dtype, tuned_dispatch
+
+logger = logging.getLogger(__name__)
+
+# The formats ``auto`` may choose between: those whose perplexity stays within 2% of bf16's on
+# the default model (python -m compare.quality; the figures are in the README). int4 is left
+# out: it is a mode one asks for, not one picked for speed alone.
+AUTO_CANDIDATES = ("none", "int8", "w8a8")
+
+
+def resolve_dtype(name: str, device: torch.device, arch: ArchConfig,
+                  tuning_cache: Path | None) -> torch.dtype:
+    """``--dtype``: auto is bf16 on CUDA and, on CPU, whichever of bf16 and fp32 measures faster
+    for this model's matmuls (CPUs with AVX-512 BF16 favour bf16; AVX2-only ones fp32)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else faster_dense_dtype(arch, tuning_cache)
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def apply_quantization(model: nn.Module, mode: str, dtype: torch.dtype, device: torch.device,
+                       tuning_cache: Path | None, native: NativeKernels | None = None,
+                       ) -> Dispatch | None:
+    """Quantize ``model``'s linear layers in place for ``mode``; None when it keeps its floats."""
+    if mode == "none":
+        return None
+    if device.type != "cpu":
+        if mode == "auto":      # no GPU measurement yet says another format pays there
+            return None
+        raise ValueError(f"--quantization {mode} runs on CPU only (use none or auto on {device.type})")
+    if mode == "auto":
+        dispatch = tuned_dispatch(model.arch, list(AUTO_CANDIDATES), dtype, tuning_cache, native)
+    else:
+        dispatch = Dispatch.single(mode)
+    if dispatch.formats == ["none"]:
+        logger.info("quantization %s: the float weights measured fastest at every size", mode)
+        return None
+    nbytes = quantize_model(model, dispatch, dtype, native)
+    logger.info("quantization %s: %s; linear weights %.0f MiB", mode, dispatch.describe(),
+                nbytes / (1 << 20))
+    return dispatch
