@@ -10,15 +10,7 @@ from pathlib import Path
 
 import psutil
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from shared.worker.quant.tuning import cpu_name
 
 
 def _version(pkg: str) -> str | None:
@@ -40,7 +32,7 @@ def _git_commit() -> str | None:
 def describe_machine() -> dict[str, object]:
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_name(),
         "logical_cores": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False),
         "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -56,15 +56,16 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
                       head_dim ** -0.5)
 
 
-def tiny_model(dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
-    """2 layers, 6 query heads over 2 KV heads (GQA 3:1), vocabulary 97; weights of std 0.3."""
+def tiny_model(dtype: torch.dtype, seed: int = 0, std: float = 0.3, **shape: int) -> LlamaForCausalLM:
+    """2 layers, 6 query heads over 2 KV heads (GQA 3:1), vocabulary 97; weights of std ``std``;
+    ``shape`` overrides config fields."""
     arch = ArchConfig.from_hf_dict(dict(
         model_type="llama", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=97,
-        max_position_embeddings=64))
+        max_position_embeddings=64) | shape)
     gen = torch.Generator().manual_seed(seed)
     model = LlamaForCausalLM(arch)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=gen)
-        p.data = (1 + 0.1 * noise if "norm" in name else 0.3 * noise).to(dtype)
+        p.data = (1 + 0.1 * noise if "norm" in name else std * noise).to(dtype)
     return model.eval().requires_grad_(False)

@@ -45,7 +45,8 @@ def linear_shapes(arch: ArchConfig) -> Shapes:
     return [(out, inp, c) for (out, inp), c in sorted(counts.items())]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model's name (machines of this project's kind differ from day to day)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -57,7 +58,7 @@ def _cpu_name() -> str:
 
 def cache_key(shapes: Shapes, candidates: list[str], dtype: torch.dtype,
               rows: tuple[int, ...], native: str | None = None) -> str:
-    facts = {"torch": torch.__version__, "cpu": _cpu_name(),
+    facts = {"torch": torch.__version__, "cpu": cpu_name(),
              "isa": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
              "dtype": str(dtype), "shapes": shapes, "candidates": candidates, "rows": rows,
              "native": native}

@@ -10,26 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.worker.models import ArchConfig, LlamaForCausalLM
 from shared.worker.models.layers import Linear
 from shared.worker.quant import tuning
 from shared.worker.quant.formats import pack
 from shared.worker.quant.linear import Dispatch, QuantLinear, quantize_model
 from shared.worker.quant.policy import apply_quantization
+from tests.kernels import helpers
 
 
-def tiny_model(dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
-    """2 layers, hidden 64 (int4 groups of 32 fit), GQA 2:1, vocabulary 101; weights of std 0.05."""
-    arch = ArchConfig.from_hf_dict(dict(
-        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=101,
-        max_position_embeddings=64))
-    gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(arch)
-    for name, p in model.named_parameters():
-        noise = torch.randn(p.shape, generator=gen)
-        p.data = (1 + 0.1 * noise if "norm" in name else 0.05 * noise).to(dtype)
-    return model.eval().requires_grad_(False)
+def tiny_model(dtype: torch.dtype) -> torch.nn.Module:
+    """hidden 64 (int4 groups of 32 fit), GQA 2:1, vocabulary 101, weights of std 0.05."""
+    return helpers.tiny_model(dtype, std=0.05, hidden_size=64, intermediate_size=128,
+                              num_attention_heads=4, vocab_size=101)
 
 
 def test_dispatch_picks_the_first_range_that_holds_the_rows() -> None:
