@@ -165,11 +165,9 @@ class Int4:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token int8 of activations x [M, K]: (q int8, scale [M] float32)."""
-    xf = x.float()
-    scale = (xf.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    q = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale
+    """Dynamic per-token int8 of activations x [M, K]: (q int8, scale [M] float32); the same
+    rule as the weights' per-output-channel scales, one row at a time."""
+    return _symmetric_int8(x)
 
 
 @dataclass
