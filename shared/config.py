@@ -17,9 +17,9 @@ class ModelConfig:
     seed: int = 0
     num_threads: int | None = None    # torch intra-op threads; None keeps torch's default
     device: str = "cpu"
-    attention_backend: str = "auto"   # auto (triton on CUDA, torch elsewhere) | torch | triton
+    attention_backend: str = "auto"   # auto (triton on CUDA, native on CPU) | native | torch | triton
     gpu_memory_utilization: float = 0.9   # CUDA: share of free GPU memory for model + KV cache
-    enforce_eager: bool = False       # CUDA: no decode CUDA graphs
+    enforce_eager: bool = False       # no decode CUDA graphs (CUDA), no fused native decode step (CPU)
     # Testing only: the forward pass raises after this many steps (0: never), so tests can
     # check that a dying engine fails requests cleanly in both topologies.
     debug_fail_after_steps: int = 0
@@ -32,8 +32,8 @@ class ModelConfig:
                              f"not {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton, "
+        if self.attention_backend not in ("auto", "native", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, native, torch or triton, "
                              f"not {self.attention_backend!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")

@@ -107,7 +107,7 @@ class EngineCore:
         if traced:   # attention (step 10) read each request's K/V through its block table
             self._trace_batch(batch.sched, Step.ATTENTION, "forward done",
                               {"forward_ms": round(batch.times.forward * 1e3, 3)},
-                              self.model_runner.model.attn_backend.forward, kv_read=True)
+                              self.model_runner.attention_fn, kv_read=True)
         return logits
 
     def finish_step(self, batch: StepBatch, logits: torch.Tensor) -> EngineCoreOutputs:

@@ -27,10 +27,12 @@ HELP = {
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
-    "attention_backend": "auto | torch | triton (auto: Triton kernels on CUDA, torch on CPU)",
+    "attention_backend": "auto | native | torch | triton (auto: Triton kernels on CUDA, the native "
+                         "C kernels on CPU, torch where neither is available)",
     "gpu_memory_utilization": "CUDA: share of free GPU memory for weights + KV cache when "
                               "--num-blocks is not given",
-    "enforce_eager": "CUDA: run decode steps eagerly instead of replaying CUDA graphs",
+    "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "
+                     "decode step (CPU)",
 }
 
 

@@ -65,9 +65,11 @@ _MAP: dict[Step, tuple[str, str]] = {
                    "`shared/worker/models/llama.py`, run by `shared/engine_core.py` "
                    "(`EngineCore.run_forward`)"),
     Step.ATTENTION: ("attention reads K/V through block tables",
-                     "`shared/worker/attention/torch_backend.py` (`TorchAttention.forward`, CPU), "
-                     "`shared/worker/attention/triton_backend.py` (`TritonAttention.forward`, "
-                     "`kernels/`, CUDA)"),
+                     "`shared/worker/native/decode.py` (`FusedDecode.run`: CPU decode steps of "
+                     "up to 8 rows), `shared/worker/attention/native_backend.py` "
+                     "(`NativeAttention.forward`, CPU), `shared/worker/attention/torch_backend.py` "
+                     "(`TorchAttention.forward`, fallback), `shared/worker/attention/triton_backend.py` "
+                     "(`TritonAttention.forward`, `kernels/`, CUDA)"),
     Step.SAMPLED: ("next token sampled; scheduler updates state, checks EOS / max tokens, "
                    "frees blocks",
                    "`shared/worker/sampler.py`, `shared/core/scheduler.py` "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,11 +20,14 @@ from shared.core.request import Request
 from shared.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from shared.messages import TokenLogprobs
 from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.attention.native_backend import NativeAttention
+from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.cuda_graphs import DecodeGraphs
 from shared.worker.model_fetch import cache_dir
 from shared.worker.model_loader import allocate_kv_caches, kv_bytes_per_block, load_model
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.native.build import load_native
+from shared.worker.native.decode import FusedDecode, unsupported_reason
 from shared.worker.prompt_logprobs import PromptRows, prompt_rows, score_prompts
 from shared.worker.quant.policy import apply_quantization, resolve_dtype
 from shared.worker.sampler import Sampler
@@ -43,13 +47,19 @@ class ModelInput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
-def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """auto: Triton kernels on CUDA (when Triton is installed), torch everywhere else."""
+def resolve_attention_backend(name: str, device: torch.device, has_native: bool = False) -> str:
+    """auto: Triton kernels on CUDA (when Triton is installed), the native kernels on CPU (when
+    they built), torch everywhere else."""
     has_triton = importlib.util.find_spec("triton") is not None
+    if name == "native" and not has_native:
+        raise ValueError("attention_backend native needs the native CPU kernels (a C compiler, "
+                         "a CPU device, TWINSERVE_NATIVE not 0)")
     if name == "auto":
         if device.type == "cuda" and not has_triton:
             logger.warning("Triton is not installed: using the torch attention backend on CUDA")
-        return "triton" if device.type == "cuda" and has_triton else "torch"
+        if device.type == "cuda":
+            return "triton" if has_triton else "torch"
+        return "native" if has_native else "torch"
     if name == "triton" and not has_triton:
         raise ValueError("attention_backend triton needs Triton: pip install triton")
     if name == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -86,9 +96,8 @@ class ModelRunner:
         self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
         self.quantization = apply_quantization(self.model, mc.quantization, self.dtype, self.device,
                                                tuning, self.native)
-        self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device)
-        if self.attention_backend == "triton":
-            self._use_triton_attention()
+        self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device,
+                                                           self.native is not None)
         self.max_model_len = min(mc.max_model_len or self.arch.max_position_embeddings,
                                  self.arch.max_position_embeddings)
         self.block_size = config.cache.block_size
@@ -104,19 +113,42 @@ class ModelRunner:
         # With graphs, one block past the scheduler's num_blocks is the padding rows' scratch block.
         self.kv_caches = allocate_kv_caches(self.arch, self.num_blocks + int(use_graphs),
                                             self.block_size, self.dtype, mc.device)
+        self._set_attention_backend(explicit=mc.attention_backend != "auto")
         self.graphs = self._capture_graphs(config) if use_graphs else None
+        self.fused = self._fused_decode(mc.enforce_eager)
+        self.attention_fn: Callable[..., object] = self.model.attn_backend.forward
         self.sampler = Sampler()
         quant = "float weights" if self.quantization is None else self.quantization.describe()
-        logger.info("model runner: %s %s (%s), %s attention, %d KV blocks, CUDA graphs %s",
-                    self.device, self.dtype, quant, self.attention_backend, self.num_blocks,
-                    "on" if use_graphs else "off")
+        logger.info("model runner: %s %s (%s), %s attention, %d KV blocks, CUDA graphs %s, "
+                    "fused decode %s", self.device, self.dtype, quant, self.attention_backend,
+                    self.num_blocks, "on" if use_graphs else "off", "on" if self.fused else "off")
 
-    def _use_triton_attention(self) -> None:
-        from shared.worker.attention.triton_backend import TritonAttention
+    def _fused_decode(self, enforce_eager: bool) -> FusedDecode | None:
+        """The native decode step for small CPU batches, when this model and dtype allow it."""
+        if self.native is None or enforce_eager or self.attention_backend != "native":
+            return None
+        if (reason := unsupported_reason(self.model, self.kv_caches)) is not None:
+            logger.info("fused decode step off: %s", reason)
+            return None
+        return FusedDecode(self.model, self.kv_caches, self.native, torch.get_num_threads())
 
-        a = self.arch
-        self.model.set_attention_backend(TritonAttention(
-            a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim ** -0.5))
+    def _set_attention_backend(self, explicit: bool) -> None:
+        a, name = self.arch, self.attention_backend
+        shape = (a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.head_dim ** -0.5)
+        if name == "triton":
+            from shared.worker.attention.triton_backend import TritonAttention
+
+            self.model.set_attention_backend(TritonAttention(*shape))
+        elif name == "native":
+            if not native_supports(*shape[:3], self.kv_caches[0][0].dtype):
+                why = f"the native kernel cannot hold {shape[:3]} (heads, KV heads, head dim)"
+                if explicit:
+                    raise ValueError(f"attention_backend native: {why}")
+                logger.info("torch attention: %s", why)
+                self.attention_backend = "torch"
+                return
+            self.model.set_attention_backend(
+                NativeAttention(*shape, self.native, torch.get_num_threads()))
 
     def _blocks_from_gpu_memory(self, config: EngineConfig, free_before: int) -> int:
         """KV blocks from the GPU memory that was free before loading, times the utilisation,
@@ -202,8 +234,12 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> torch.Tensor:
         """The model's forward pass; returns float32 logits of the sampling rows only."""
+        self.attention_fn = self.model.attn_backend.forward     # what the trace names
         if self.graphs is not None and self.graphs.can_run(inp.attn_metadata):
             hidden = self.graphs.run(inp.input_ids, inp.positions, inp.attn_metadata)
+        elif self.fused is not None and self.fused.can_run(inp.attn_metadata):
+            hidden = self.fused.run(inp.input_ids, inp.positions, inp.attn_metadata)
+            self.attention_fn = self.fused.run
         else:
             hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, self.kv_caches)
         if inp.prompt_rows:

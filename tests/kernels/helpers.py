@@ -56,7 +56,7 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
                       head_dim ** -0.5)
 
 
-def tiny_model(dtype: torch.dtype, seed: int = 0, std: float = 0.3, **shape: int) -> LlamaForCausalLM:
+def tiny_model(dtype: torch.dtype, seed: int = 0, std: float = 0.3, **shape: object) -> LlamaForCausalLM:
     """2 layers, 6 query heads over 2 KV heads (GQA 3:1), vocabulary 97; weights of std ``std``;
     ``shape`` overrides config fields."""
     arch = ArchConfig.from_hf_dict(dict(

@@ -22,7 +22,10 @@ TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_si
 def test_backend_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert resolve_attention_backend("auto", cpu) == "torch"
-    assert resolve_attention_backend("torch", cpu) == "torch"
+    assert resolve_attention_backend("auto", cpu, has_native=True) == "native"
+    assert resolve_attention_backend("torch", cpu, has_native=True) == "torch"
+    with pytest.raises(ValueError, match="native CPU kernels"):
+        resolve_attention_backend("native", cpu)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     if importlib.util.find_spec("triton") is not None:
         with pytest.raises(ValueError, match="CUDA"):

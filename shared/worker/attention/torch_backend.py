@@ -9,7 +9,8 @@ batch mixes two kinds of sequence:
                                          the cached context (a fresh prompt uses is_causal directly)
 
 Everything that depends only on the metadata (which rows decode, block ids, masks) is built once per
-step in ``plan()`` and reused by every layer.
+step in ``plan()`` and reused by every layer. ``native_backend.NativeAttention`` replaces the gathers
+with a kernel that reads the cache in place; this backend is its fallback and its reference.
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ class LlamaForCausalLM(nn.Module):
                 attn_metadata: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
         """input_ids, positions [N] -> final-normed hidden states [N, hidden]."""
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, self._token_seq_lens(attn_metadata), h.dtype)
+        cos, sin = self.rotary.cos_sin(positions, self.token_seq_lens(attn_metadata), h.dtype)
         plan = self.attn_backend.plan(attn_metadata)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, plan, kv_cache)
@@ -97,8 +97,9 @@ class LlamaForCausalLM(nn.Module):
         """hidden [M, hidden] -> float32 logits [M, vocab]."""
         return self.lm_head(hidden).float()
 
-    def _token_seq_lens(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        # Only dynamic NTK RoPE depends on the sequence length; skip the work otherwise.
+    def token_seq_lens(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Each token's sequence length after this step: only dynamic NTK RoPE reads it, so
+        None (no work) for every other RoPE."""
         if not self.rotary.is_dynamic:
             return None
         return torch.repeat_interleave(

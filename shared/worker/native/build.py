@@ -1,7 +1,7 @@
 """Build (once per machine, cached) and load twinserve's native CPU kernels.
 
-``kernels.c`` is compiled with gcc into a shared library called through ctypes: no torch
-headers, so a build takes about a second, and a missing compiler or a failed build only means
+The C files here (GEMV, paged attention, the fused decode step) are compiled with gcc into one
+shared library called through ctypes: no torch headers, so a build takes a few seconds, and a missing compiler or a failed build only means
 the pure-torch path (one warning line). The library is cached under the twinserve cache,
 keyed by the source, the compiler, its flags and the CPU's instruction sets: machines of this
 project's kind alternate between CPUs with and without AVX-512, and a build for one must never
@@ -20,9 +20,13 @@ from pathlib import Path
 
 import torch
 
+from shared.worker.native.abi import Mat
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "attention.c", HERE / "decode.c"]
+HEADERS = [HERE / "native.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -40,7 +44,8 @@ def _compiler() -> str | None:
 
 def build_key(cc: str, flags: list[str]) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
-    facts = "\n".join([SOURCE.read_text(), cc, version, " ".join(flags)])
+    texts = [p.read_text() for p in SOURCES + HEADERS]
+    facts = "\n".join([*texts, cc, version, " ".join(flags)])
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
 
 
@@ -56,7 +61,7 @@ def build(cache: Path, flags: list[str] | None = None) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:     # atomic: build aside, then rename
         out = Path(tmp) / target.name
-        cmd = [cc, *_BASE_FLAGS, *flags, str(SOURCE), "-o", str(out), "-lm"]
+        cmd = [cc, *_BASE_FLAGS, *flags, *map(str, SOURCES), "-o", str(out), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
@@ -69,28 +74,37 @@ class NativeKernels:
 
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
-        f = lib.int8_gemm_small
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        f.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ctypes.c_int]
-        f.restype = ctypes.c_int
+        i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+        # Every pointer is a c_void_p (tensor.data_ptr(), ctypes.addressof(struct)).
+        lib.mat_gemm_small.argtypes = [ptr, ptr, i64, ptr, c_int]
+        lib.decode_forward.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, c_int]
+        lib.paged_attention.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, c_int]
+        for f in (lib.mat_gemm_small, lib.decode_forward, lib.paged_attention):
+            f.restype = c_int
         lib.native_isa.restype = ctypes.c_char_p
         self._lib = lib
         self.isa = lib.native_isa().decode()
         self.path = path
         self.max_rows = 8
 
-    def int8_gemm_small(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                        num_threads: int) -> torch.Tensor:
-        """x [M, K] float32, q [N, K] int8, scale [N] float32 -> [M, N] float32 (M <= 8)."""
-        m, k = x.shape
-        n = q.shape[0]
+    def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
+        """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= 8)."""
         x = x.contiguous()
-        out = torch.empty(m, n, dtype=torch.float32)
-        rc = self._lib.int8_gemm_small(x.data_ptr(), m, k, q.data_ptr(), scale.data_ptr(), n,
-                                       out.data_ptr(), num_threads)
+        out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
+        rc = self._lib.mat_gemm_small(ctypes.addressof(mat), x.data_ptr(), x.shape[0],
+                                      out.data_ptr(), num_threads)
         if rc != 0:
-            raise ValueError(f"int8_gemm_small: {m} rows (at most {self.max_rows})")
+            raise ValueError(f"gemm_small: {x.shape[0]} rows (at most {self.max_rows}) "
+                             f"of a kind-{mat.kind} [{mat.n}, {mat.k}] weight")
         return out
+
+    def decode_forward(self, *args: object) -> int:
+        """decode.c's ``decode_forward``; arguments as its C signature (see FusedDecode)."""
+        return self._lib.decode_forward(*args)
+
+    def paged_attention(self, *args: object) -> int:
+        """attention.c's ``paged_attention``; arguments as its C signature (see NativeAttention)."""
+        return self._lib.paged_attention(*args)
 
 
 def load_native(cache: Path) -> NativeKernels | None:

@@ -3,8 +3,9 @@
     dense  the float weight (bf16 / fp32): F.linear
     int8   weight-only, symmetric per output channel:  W ~ q * s[n]
            -> torch._weight_int8pack_mm (float activations, int8 weights)
-    int4   weight-only, asymmetric per group of G input channels: W ~ (q - 8) * s[g, n] + z[g, n]
-           -> torch._weight_int4pack_mm_for_cpu (torch's CPU int4 GEMM, tinygemm layout)
+    int4   weight-only, asymmetric per group of 32 input channels: W ~ q * d + z in GGUF's Q4_1
+           block layout (float16 d, z) -> the native Q4 kernel at small float32 batches, else
+           torch._weight_int4pack_mm_for_cpu on a pack built from the same blocks
     w8a8   int8 weights per output channel and int8 activations per token (dynamic):
            y ~ (qx @ qw^T) * sx[m] * sw[n], int32 accumulation in torch._int_mm
 
@@ -13,21 +14,24 @@ activations are cast around them): torch's CPU int8/int4 GEMMs are tuned for bf1
 AVX2 EPYC fed float32 they measured 7x slower (50 vs 7.5 ms for one token through all of
 SmolLM2-135M's linear layers).
 
+Small float32 batches (decode) take the native kernels where a format has a C layout
+(``native_mat``): float32 dense, int8 and the Q4 blocks; the fused decode step reads the same.
 Every format keeps what ``dequantize`` needs, so tests compare each matmul against the float
 matmul of the dequantized weight: the quantization error and the kernel error are told apart.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from shared.worker.native.abi import MAT_F32, MAT_INT8, MAT_Q4, MAX_Q4_GROUPS, Q4_GROUP, Mat
+
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
 
-INT4_GROUP_SIZE = 32      # divides every in-feature count of the Llama family we serve
 KERNEL_DTYPE = torch.bfloat16     # what the weight-only kernels multiply
 
 
@@ -48,6 +52,11 @@ class WeightFormat(Protocol):
     @property
     def in_features(self) -> int: ...
 
+    def native_mat(self) -> Mat | None:
+        """The weight as the native kernels read it, or None (no C layout for this format).
+        Raw pointers: valid while this format object lives."""
+        ...
+
 
 @dataclass
 class Dense:
@@ -59,6 +68,12 @@ class Dense:
 
     def dequantize(self) -> torch.Tensor:
         return self.weight.float()
+
+    def native_mat(self) -> Mat | None:
+        w = self.weight
+        if w.dtype != torch.float32 or not w.is_contiguous():
+            return None
+        return Mat(w.data_ptr(), None, None, None, w.shape[0], w.shape[1], MAT_F32)
 
     @property
     def in_features(self) -> int:
@@ -98,12 +113,16 @@ class Int8:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         native = self.native
         if native is not None and x.dtype == torch.float32 and x.shape[0] <= native.max_rows:
-            return native.int8_gemm_small(x, self.qweight, self.scale_f32, self.num_threads)
+            return native.gemm_small(self.native_mat(), x, self.num_threads)
         y = torch._weight_int8pack_mm(x.to(KERNEL_DTYPE), self.qweight, self.scale)
         return y.to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         return self.qweight.float() * self.scale.float()[:, None]
+
+    def native_mat(self) -> Mat | None:
+        n, k = self.qweight.shape
+        return Mat(self.qweight.data_ptr(), self.scale_f32.data_ptr(), None, None, n, k, MAT_INT8)
 
     @property
     def in_features(self) -> int:
@@ -115,53 +134,106 @@ class Int8:
 
 
 @dataclass
-class Int4:
-    packed: torch.Tensor                # torch's CPU int4 pack of q [N, K] (uint8)
-    scales_zeros: torch.Tensor          # [K / G, N, 2]: (s, z), KERNEL_DTYPE
-    group_size: int
-    shape: tuple[int, int]
-    name: str = "int4"
+class Q4Blocks:
+    """4-bit weights in GGUF's Q4_1 block layout for the native kernels: per group of 32 input
+    channels W ~ q * d + z with float16 d and z (5 bits a weight). A checkpoint that was itself
+    Q4_1 (the default model's GGUF) round-trips through it exactly."""
+
+    packed: torch.Tensor                # [N, K / 2] uint8: byte j of a group = q[j] | q[j + 16] << 4
+    scale: torch.Tensor                 # [N, K / 32] float16
+    zero: torch.Tensor                  # [N, K / 32] float16
+    mat: Mat = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        n, half_k = self.packed.shape
+        self.mat = Mat(self.packed.data_ptr(), self.scale.data_ptr(), self.zero.data_ptr(), None,
+                       n, 2 * half_k, MAT_Q4)
 
     @classmethod
-    def from_float(cls, w: torch.Tensor, dtype: torch.dtype,
-                   group_size: int = INT4_GROUP_SIZE) -> Int4:
+    def from_float(cls, w: torch.Tensor) -> Q4Blocks:
         n, k = w.shape
-        if k % group_size:
-            raise ValueError(f"int4: in-features {k} are not a multiple of the group size {group_size}")
-        if n % 16:      # the CPU pack's tile
-            raise ValueError(f"int4: out-features {n} are not a multiple of 16")
-        g = w.float().reshape(n, k // group_size, group_size)
+        g = w.float().reshape(n, k // Q4_GROUP, Q4_GROUP)
         lo, hi = g.amin(-1), g.amax(-1)
-        scale = ((hi - lo) / 15.0).clamp(min=1e-12)                  # [N, K/G]
-        q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15)
-        zero = lo + 8 * scale                    # so that (q - 8) * s + z == q * s + lo
-        packed = torch._convert_weight_to_int4pack_for_cpu(q.reshape(n, k).to(torch.int32), 1)
-        sz = torch.stack([scale.t(), zero.t()], dim=-1).to(KERNEL_DTYPE).contiguous()
-        return cls(packed, sz, group_size, (n, k))
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(x.to(KERNEL_DTYPE), self.packed, self.group_size,
-                                              self.scales_zeros)
-        return y.to(x.dtype)
+        d, z = ((hi - lo) / 15.0).half(), lo.half()
+        step = d.float()[..., None]
+        q = torch.where(step > 0, (g - z.float()[..., None]) / step.clamp(min=1e-30), 0.0)
+        q = torch.round(q).clamp(0, 15).to(torch.uint8)
+        packed = q[..., :16] | (q[..., 16:] << 4)
+        return cls(packed.reshape(n, k // 2).contiguous(), d.contiguous(), z.contiguous())
 
     def dequantize(self) -> torch.Tensor:
-        # The pack's layout is the kernel's business: recover q by multiplying the identity.
-        n, k = self.shape
-        eye = torch.eye(k, dtype=torch.float32)
-        zeros = self.scales_zeros.float().clone()
-        zeros[..., 0], zeros[..., 1] = 1.0, 8.0                   # (q - 8) * 1 + 8 = q
-        q = torch._weight_int4pack_mm_for_cpu(eye, self.packed, self.group_size, zeros).t()
-        s = self.scales_zeros[..., 0].float().t().repeat_interleave(self.group_size, dim=1)
-        z = self.scales_zeros[..., 1].float().t().repeat_interleave(self.group_size, dim=1)
-        return (q.round() - 8) * s + z
-
-    @property
-    def in_features(self) -> int:
-        return self.shape[1]
+        b = self.packed.view(self.packed.shape[0], -1, 16)
+        q = torch.cat([b & 15, b >> 4], dim=-1).float()
+        w = q * self.scale.float()[..., None] + self.zero.float()[..., None]
+        return w.reshape(self.packed.shape[0], -1)
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        return self.packed.numel() + 2 * (self.scale.numel() + self.zero.numel())
+
+
+@dataclass
+class Int4:
+    """The weight as Q4 blocks. Float32 batches of up to ``native.max_rows`` rows run the native
+    Q4 kernel; the rest torch's int4 kernel on a pack built from the same blocks on first use
+    (a decode-only int4 under ``auto`` never builds it)."""
+
+    blocks: Q4Blocks
+    native: NativeKernels | None = None
+    num_threads: int = 1
+    name: str = "int4"
+    _torch_pack: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_float(cls, w: torch.Tensor, dtype: torch.dtype,
+                   native: NativeKernels | None = None) -> Int4:
+        n, k = w.shape
+        if k % Q4_GROUP:
+            raise ValueError(f"int4: in-features {k} are not a multiple of the group size {Q4_GROUP}")
+        if n % 16:      # the tile of torch's CPU pack
+            raise ValueError(f"int4: out-features {n} are not a multiple of 16")
+        if native is not None and k // Q4_GROUP > MAX_Q4_GROUPS:
+            native = None                       # past the native kernel's stack buffers
+        return cls(Q4Blocks.from_float(w), native, torch.get_num_threads())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.native
+        if native is not None and x.dtype == torch.float32 and x.shape[0] <= native.max_rows:
+            return native.gemm_small(self.blocks.mat, x, self.num_threads)
+        packed, scales_zeros = self.torch_pack()
+        y = torch._weight_int4pack_mm_for_cpu(x.to(KERNEL_DTYPE), packed, Q4_GROUP, scales_zeros)
+        return y.to(x.dtype)
+
+    def torch_pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """torch's CPU int4 pack of q and its [K / 32, N, 2] (scale, zero) for (q - 8) * s + z."""
+        if self._torch_pack is None:
+            b = self.blocks.packed.view(self.blocks.packed.shape[0], -1, 16)
+            q = torch.cat([b & 15, b >> 4], dim=-1).reshape(b.shape[0], -1).to(torch.int32)
+            d, z = self.blocks.scale.float(), self.blocks.zero.float()
+            packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+            sz = torch.stack([d.t(), (z + 8 * d).t()], dim=-1).to(KERNEL_DTYPE).contiguous()
+            self._torch_pack = (packed, sz)
+        return self._torch_pack
+
+    def dequantize(self) -> torch.Tensor:
+        return self.blocks.dequantize()
+
+    def is_exact_for(self, w: torch.Tensor) -> bool:
+        """Whether these blocks hold ``w`` without loss (a checkpoint that was 4-bit already)."""
+        err = (self.dequantize() - w.float()).abs().reshape(*self.blocks.scale.shape, Q4_GROUP)
+        return bool((err.amax(-1) <= 1e-3 * self.blocks.scale.float() + 1e-7).all())
+
+    @property
+    def in_features(self) -> int:
+        return self.blocks.mat.k
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self._torch_pack is None else sum(t.nbytes for t in self._torch_pack)
+        return self.blocks.nbytes + extra
+
+    def native_mat(self) -> Mat | None:
+        return self.blocks.mat if self.native is not None else None
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,6 +269,9 @@ class W8A8:
     def nbytes(self) -> int:
         return self.qweight_t.numel() + self.scale.numel() * 4
 
+    def native_mat(self) -> Mat | None:
+        return None         # int8 activations: torch._int_mm serves every batch size
+
 
 FORMATS = {"none": Dense, "int8": Int8, "int4": Int4, "w8a8": W8A8}
 
@@ -204,9 +279,11 @@ FORMATS = {"none": Dense, "int8": Int8, "int4": Int4, "w8a8": W8A8}
 def pack(name: str, w: torch.Tensor, dtype: torch.dtype,
          native: NativeKernels | None = None) -> WeightFormat:
     """The weight ``w`` [N, K] in format ``name``, for activations of ``dtype``; ``native``
-    kernels serve the formats that have a native path (int8)."""
+    kernels serve the formats that have a native path (int8, int4)."""
     if name == "none":
         return Dense(w.to(dtype))
     if name == "int8":
         return Int8.from_float(w, dtype, native)
+    if name == "int4":
+        return Int4.from_float(w, dtype, native=native)
     return FORMATS[name].from_float(w, dtype)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from shared.worker.models.layers import Linear
-from shared.worker.quant.formats import WeightFormat, pack
+from shared.worker.quant.formats import Int4, WeightFormat, pack
 
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
@@ -43,6 +43,9 @@ class Dispatch:
     @property
     def formats(self) -> list[str]:
         return list(dict.fromkeys(name for _, name in self.ranges))
+
+    def renamed(self, old: str, new: str) -> Dispatch:
+        return Dispatch(tuple((rows, new if name == old else name) for rows, name in self.ranges))
 
     def describe(self) -> str:
         parts, lo = [], 1
@@ -73,9 +76,10 @@ class QuantLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
-                   native: NativeKernels | None = None) -> int:
+                   native: NativeKernels | None = None, exact_int4: bool = False) -> int:
     """Swap every ``Linear`` (lm_head included) for a ``QuantLinear`` holding the formats
-    ``dispatch`` uses; returns the bytes of all linear weights afterwards.
+    ``dispatch`` uses; returns the bytes of all linear weights afterwards. ``exact_int4``: a
+    layer whose weight int4 does not hold exactly takes int8 where the dispatch says int4.
 
     The dense float weights are dropped unless a format needs them; a tied lm_head's dense
     weight is the embedding table, which stays for the lookup anyway.
@@ -86,8 +90,15 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
             continue
         weight = module.weight.detach()
         formats = {f: _pack_or_dense(f, weight, dtype, name, native) for f in dispatch.formats}
+        layer_dispatch = dispatch
+        int4 = formats.get("int4")
+        if exact_int4 and isinstance(int4, Int4) and not int4.is_exact_for(weight):
+            logger.info("%s: int4 would lose precision here, int8 instead", name)
+            layer_dispatch = dispatch.renamed("int4", "int8")
+            del formats["int4"]
+            formats.setdefault("int8", _pack_or_dense("int8", weight, dtype, name, native))
         bias = None if module.bias is None else module.bias.detach().to(dtype)
-        layer = QuantLinear(formats, bias, dispatch)
+        layer = QuantLinear(formats, bias, layer_dispatch)
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
         total += layer.nbytes

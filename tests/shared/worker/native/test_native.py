@@ -1,5 +1,6 @@
-"""The native int8 GEMV against torch on the dequantized weight, built for this CPU and for
-the scalar (no-AVX2) path; and the pure-torch fallback when the build cannot happen."""
+"""The native GEMV (float32, int8, Q4 blocks) against torch on the dequantized weight, built for
+this CPU and for the scalar (no-AVX2) path; and the pure-torch fallback when the build cannot
+happen."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from shared.worker.native.build import NativeKernels, build, isa_flags, load_native
-from shared.worker.quant.formats import pack
+from shared.worker.quant.formats import Q4Blocks, WeightFormat, pack
 
 
 @pytest.fixture(scope="module")
@@ -17,29 +18,78 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("native")
 
 
+def native_weight(kind: str, w: torch.Tensor, native: NativeKernels) -> tuple[WeightFormat, torch.Tensor]:
+    """(w in ``kind``, the float weight its C view stands for)."""
+    if kind == "f32":
+        return pack("none", w, torch.float32), w
+    fmt = pack(kind, w, torch.float32, native)
+    if kind == "int4":
+        return fmt, fmt.blocks.dequantize()
+    return fmt, fmt.qweight.float() * fmt.scale_f32[:, None]     # the float32 scales
+
+
+def q4_reference(x: torch.Tensor, blocks: Q4Blocks, isa: str) -> torch.Tensor:
+    """What the Q4 kernel computes: with SIMD, activations rounded to int8 per group of 32
+    (scale max|x| / 127) against q * d, plus the zero points times the exact float sums."""
+    w = blocks.dequantize()
+    if isa == "scalar":
+        return x @ w.t()
+    zeros = blocks.zero.float().repeat_interleave(32, dim=1)
+    xg = x.reshape(x.shape[0], -1, 32)
+    step = xg.abs().amax(-1, keepdim=True) / 127
+    xq = (torch.round(xg / step.clamp(min=1e-30)) * step).reshape_as(x)
+    return xq @ (w - zeros).t() + x @ zeros.t()
+
+
+SHAPES = [(1, 576), (3, 96), (8, 1536), (5, 64), (2, 100)]     # 100: off the SIMD width
+CASES = [(kind, rows, k) for kind in ("f32", "int8", "int4") for rows, k in SHAPES
+         if kind != "int4" or k % 32 == 0]                       # int4 needs whole groups of 32
+
+
 @pytest.mark.parametrize("flags", ["this-cpu", "scalar"])
-@pytest.mark.parametrize("rows,k", [(1, 576), (3, 100), (8, 1536), (5, 64)])   # 100: a K off the SIMD width
-def test_int8_gemm_small_matches_torch(cache: Path, flags: str, rows: int, k: int) -> None:
+@pytest.mark.parametrize("kind,rows,k", CASES)
+def test_gemm_small_matches_torch(cache: Path, flags: str, kind: str, rows: int, k: int) -> None:
     kernels = NativeKernels(build(cache, isa_flags() if flags == "this-cpu" else []))
     assert kernels.isa == ("scalar" if flags == "scalar" else kernels.isa)
     g = torch.Generator().manual_seed(rows)
-    w = pack("int8", torch.randn(203, k, generator=g) * 0.05, torch.float32)
+    fmt, weight = native_weight(kind, torch.randn(208, k, generator=g) * 0.05, kernels)
     x = torch.randn(rows, k, generator=g)
-    got = kernels.int8_gemm_small(x, w.qweight, w.scale_f32, num_threads=2)
-    ref = x @ (w.qweight.float() * w.scale_f32[:, None]).t()
-    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    ref = q4_reference(x, fmt.blocks, kernels.isa) if kind == "int4" else x @ weight.t()
+    torch.testing.assert_close(kernels.gemm_small(fmt.native_mat(), x, num_threads=2), ref,
+                               atol=1e-4, rtol=1e-4)
 
 
-def test_int8_format_takes_the_native_path_for_small_float32_batches(cache: Path) -> None:
+def test_q4_blocks_round_trip_a_q4_checkpoint_exactly() -> None:
+    # Weights that were themselves 4-bit blocks (q * d + z, float16 d and z) come back unchanged.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (32, 4, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15                        # every block spans its whole range
+    d = (torch.rand(32, 4, 1, generator=g) * 0.01).half().float()
+    z = (-8 * d + torch.randn(32, 4, 1, generator=g) * 1e-3).half().float()
+    w = (q * d + z).reshape(32, 128)
+    assert torch.equal(Q4Blocks.from_float(w).dequantize(), w)
+    # A float weight loses at most half a step per group.
+    f = torch.randn(32, 128, generator=g)
+    blocks = Q4Blocks.from_float(f)
+    err = (blocks.dequantize() - f).abs().reshape(32, 4, 32).amax(-1)
+    assert (err <= blocks.scale.float() * 0.5 + 1e-3).all()
+
+
+def test_formats_take_the_native_path_for_small_float32_batches(cache: Path) -> None:
     native = load_native(cache)
     assert native is not None
     w = torch.randn(64, 128) * 0.05
-    fmt, plain = pack("int8", w, torch.float32, native), pack("int8", w, torch.float32)
-    for rows in (1, 8, 9):           # 9 rows: torch's kernel (bf16) again
-        x = torch.randn(rows, 128)
-        torch.testing.assert_close(fmt.matmul(x), plain.matmul(x), atol=2e-2, rtol=2e-2)
+    for kind in ("int8", "int4"):
+        fmt, exact = native_weight(kind, w, native)
+        for rows in (1, 8):             # the native kernel
+            x = torch.randn(rows, 128)
+            ref = q4_reference(x, fmt.blocks, native.isa) if kind == "int4" else x @ exact.t()
+            torch.testing.assert_close(fmt.matmul(x), ref, atol=1e-4, rtol=1e-4)
+        x = torch.randn(9, 128)         # 9 rows: torch's kernel on bf16 activations
+        torch.testing.assert_close(fmt.matmul(x), x @ fmt.dequantize().t(), atol=3e-2, rtol=3e-2)
+    fmt = pack("int8", w, torch.float32)
     with pytest.raises(ValueError, match="at most 8"):
-        native.int8_gemm_small(torch.randn(9, 128), fmt.qweight, fmt.scale_f32, 1)
+        native.gemm_small(fmt.native_mat(), torch.randn(9, 128), 1)
 
 
 def test_the_build_is_cached_and_keyed(cache: Path) -> None:

@@ -12,9 +12,9 @@ import torch
 
 from shared.worker.models.layers import Linear
 from shared.worker.quant import tuning
-from shared.worker.quant.formats import pack
+from shared.worker.quant.formats import Int4, pack
 from shared.worker.quant.linear import Dispatch, QuantLinear, quantize_model
-from shared.worker.quant.policy import apply_quantization
+from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4
 from tests.kernels import helpers
 
 
@@ -174,3 +174,37 @@ def test_the_float_weights_are_never_pruned(monkeypatch: pytest.MonkeyPatch) -> 
     times = tuning.measure([(32, 32, 1)], ["none", "int8"], torch.float32, rows=(1, 2, 4))
     assert all(math.isfinite(t) for d in times.values() for t in d.values())
     assert tuning.dispatch_from(times).ranges == ((1, "int8"), (sys.maxsize, "none"))
+
+
+def _as_int4_checkpoint(model: torch.nn.Module) -> None:
+    """Round every decoder linear through int4, as a model dequantized from a Q4 file is."""
+    for layer in model.layers:
+        for m in layer.modules():
+            if isinstance(m, Linear):
+                m.weight.data = pack("int4", m.weight.data, torch.float32).dequantize()
+
+
+def test_auto_takes_int4_only_for_a_4bit_checkpoint_and_only_where_exact(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def fake_tuned(arch, candidates, dtype, cache, native):
+        asked.append(list(candidates))
+        return Dispatch(((8, "int4"), (sys.maxsize, "none"))) if "int4" in candidates \
+            else Dispatch.single("none")
+
+    monkeypatch.setattr("shared.worker.quant.policy.tuned_dispatch", fake_tuned)
+    plain = tiny_model(torch.float32)
+    assert not checkpoint_is_int4(plain)
+    assert apply_quantization(plain, "auto", torch.float32, torch.device("cpu"), None) is None
+    model = helpers.tiny_model(torch.float32, std=0.05, hidden_size=64, intermediate_size=128,
+                               num_attention_heads=4, vocab_size=128)     # int4 fits the lm_head
+    _as_int4_checkpoint(model)
+    assert checkpoint_is_int4(model)
+    d = apply_quantization(model, "auto", torch.float32, torch.device("cpu"), None)
+    assert asked[-1][-1] == "int4" and d.format_for(1) == "int4"
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv.formats["int4"], Int4) and qkv.dispatch.format_for(1) == "int4"
+    # The (tied) lm_head is a float weight int4 would round: int8 there instead.
+    lm_head = model.lm_head
+    assert lm_head.dispatch.format_for(1) == "int8" and set(lm_head.formats) == {"int8", "none"}

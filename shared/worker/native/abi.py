@@ -1,0 +1,49 @@
+"""ctypes mirrors of the structs in ``native.h`` and ``decode.c``: one place to keep in step
+with the C side (field order and types must match exactly)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
+MAT_F32, MAT_INT8, MAT_Q4 = 0, 1, 2
+Q4_GROUP, MAX_Q4_GROUPS = 32, 256
+
+
+class Mat(ctypes.Structure):
+    _fields_ = [("w", ptr), ("scale", ptr), ("zero", ptr), ("bias", ptr), ("n", i64), ("k", i64),
+                ("kind", i32)]
+
+
+class PagedKV(ctypes.Structure):
+    _fields_ = [("k_cache", ptr), ("v_cache", ptr), ("tables", ptr), ("max_blocks", i64),
+                ("block_size", i64), ("heads", i64), ("kv_heads", i64), ("dim", i64),
+                ("kv_bf16", i32), ("scale", f32)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("in_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr),
+                ("qkv", Mat), ("o", Mat), ("gate_up", Mat), ("down", Mat),
+                ("k_cache", ptr), ("v_cache", ptr)]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [("hidden", i64), ("heads", i64), ("kv_heads", i64), ("dim", i64), ("inter", i64),
+                ("num_layers", i64), ("eps", f32), ("scale", f32)]
+
+
+class Scratch(ctypes.Structure):
+    _fields_ = [("x", ptr), ("qkv", ptr), ("q", ptr), ("attn", ptr), ("gate_up", ptr),
+                ("act", ptr), ("split", ptr), ("split_capacity", i64)]
+
+
+def addr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def with_bias(m: Mat, bias: torch.Tensor | None) -> Mat:
+    """A copy of ``m`` that adds ``bias`` (float32 [n], kept alive by its owner)."""
+    out = Mat.from_buffer_copy(m)
+    out.bias = addr(bias)
+    return out

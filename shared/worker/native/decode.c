@@ -1,0 +1,115 @@
+/* A whole decode step of a Llama-family model in one call: every layer's RMSNorm, q/k/v GEMV,
+ * RoPE, KV-cache write, paged attention, output GEMV plus residual, RMSNorm, gate/up GEMV,
+ * SiLU * up and down GEMV plus residual, for up to MAX_ROWS decode tokens. One OpenMP region
+ * for the whole step; the stages meet at the barriers of their `omp for`s. Python keeps the
+ * embedding lookup, RoPE tables, the final norm and the lm_head. float32 activations and
+ * caches; weights float32 or int8 (per-row scales). */
+#include <math.h>
+#include <string.h>
+#include "native.h"
+
+typedef struct {
+    const float *in_norm, *post_norm;
+    const float *q_norm, *k_norm;       /* per-head [dim] RMSNorm weights (Qwen3) or NULL */
+    Mat qkv, o, gate_up, down;
+    float *k_cache, *v_cache;           /* [blocks, block_size, kv_heads, dim] */
+} Layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, dim, inter, num_layers;
+    float eps, scale;
+} Dims;
+
+/* Per step: buffers sized for MAX_ROWS rows by the caller. */
+typedef struct {
+    float *x, *qkv, *q, *attn, *gate_up, *act, *split;
+    int64_t split_capacity;
+} Scratch;
+
+static void rmsnorm_for(const float *h, const float *w, float *out, int64_t rows, int64_t n, float eps) {
+    #pragma omp for schedule(static)
+    for (int64_t m = 0; m < rows; m++) {
+        const float *r = h + m * n;
+        const float inv = 1.0f / sqrtf(dot_f32(r, r, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[m * n + i] = w[i] * (r[i] * inv);
+    }
+}
+
+static void head_norm(float *x, const float *w, int64_t d, float eps) {
+    const float inv = 1.0f / sqrtf(dot_f32(x, x, d) / (float)d + eps);
+    for (int64_t i = 0; i < d; i++) x[i] = w[i] * (x[i] * inv);
+}
+
+/* Rotate-half RoPE of one head into dst: dst = x * cos + cat(-x2, x1) * sin. */
+static void rope(const float *x, const float *cos, const float *sin, int64_t d, float *dst) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        dst[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        dst[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+}
+
+/* q heads -> rotated into s->q; k heads -> rotated into the cache slot; v heads -> the slot. */
+static void rope_store_for(const Dims *dm, const Layer *L, const Scratch *s, int64_t rows,
+                           const float *cos, const float *sin, const int64_t *slots) {
+    const int64_t H = dm->heads, KVH = dm->kv_heads, D = dm->dim, width = (H + 2 * KVH) * D;
+    #pragma omp for schedule(static)
+    for (int64_t item = 0; item < rows * (H + 2 * KVH); item++) {
+        const int64_t m = item / (H + 2 * KVH), head = item % (H + 2 * KVH);
+        float *x = s->qkv + m * width + head * D;
+        const float *c = cos + m * D, *sn = sin + m * D;
+        if (head < H) {
+            if (L->q_norm) head_norm(x, L->q_norm, D, dm->eps);
+            rope(x, c, sn, D, s->q + (m * H + head) * D);
+        } else if (head < H + KVH) {
+            if (L->k_norm) head_norm(x, L->k_norm, D, dm->eps);
+            rope(x, c, sn, D, L->k_cache + (slots[m] * KVH + head - H) * D);
+        } else {
+            memcpy(L->v_cache + (slots[m] * KVH + head - H - KVH) * D, x, sizeof(float) * D);
+        }
+    }
+}
+
+static void silu_mul_for(const float *gu, float *out, int64_t rows, int64_t inter) {
+    #pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows * inter; i++) {
+        const int64_t m = i / inter, j = i % inter;
+        const float g = gu[m * 2 * inter + j], u = gu[m * 2 * inter + inter + j];
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const Scratch *s, float *h,
+                      int64_t rows, const float *cos, const float *sin, const int64_t *slots,
+                      const int32_t *table_row, const int32_t *seq_lens, int nthreads) {
+    const int64_t hid = dm->hidden;
+    rmsnorm_for(h, L->in_norm, s->x, rows, hid, dm->eps);
+    gemv_for(&L->qkv, s->x, rows, s->qkv, L->qkv.n, 0);
+    rope_store_for(dm, L, s, rows, cos, sin, slots);
+    attend_split_for(kv, s->q, rows, table_row, seq_lens, s->attn, s->split, s->split_capacity,
+                     nthreads);
+    gemv_for(&L->o, s->attn, rows, h, hid, 1);
+    rmsnorm_for(h, L->post_norm, s->x, rows, hid, dm->eps);
+    gemv_for(&L->gate_up, s->x, rows, s->gate_up, L->gate_up.n, 0);
+    silu_mul_for(s->gate_up, s->act, rows, dm->inter);
+    gemv_for(&L->down, s->act, rows, h, hid, 1);
+}
+
+/* h [rows, hidden] holds the embeddings on entry and the last layer's output on return
+ * (before the final norm). tables [rows, max_blocks] and seq_lens [rows] describe each row's
+ * sequence after this step; slots [rows] are where this step's K/V go. */
+int decode_forward(const Dims *dm, const Layer *layers, float *h, int64_t rows, const float *cos,
+                   const float *sin, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
+                   int64_t block_size, const int32_t *seq_lens, const Scratch *s, int nthreads) {
+    if (rows < 1 || rows > MAX_ROWS || dm->heads % dm->kv_heads) return -1;
+    int32_t table_row[MAX_ROWS];
+    for (int64_t m = 0; m < rows; m++) table_row[m] = (int32_t)m;
+    #pragma omp parallel num_threads(nthreads)
+    for (int64_t i = 0; i < dm->num_layers; i++) {
+        const Layer *L = layers + i;
+        const PagedKV kv = {L->k_cache, L->v_cache, tables, max_blocks, block_size, dm->heads,
+                            dm->kv_heads, dm->dim, 0, dm->scale};
+        layer_for(dm, L, &kv, s, h, rows, cos, sin, slots, table_row, seq_lens, nthreads);
+    }
+    return 0;
+}

@@ -1,0 +1,123 @@
+"""The fused native decode step: all decoder layers of a small decode batch in one C call.
+
+At one token per step the eager model spends more time dispatching ~15 small torch ops per
+layer than multiplying; ``decode.c`` runs a whole step's layers inside one OpenMP region.
+Python keeps what is cheap and model-specific: the embedding lookup, the RoPE tables (every
+RoPE variant of ``RotaryEmbedding``), the final norm and the lm_head. A step it cannot take
+(a prefill chunk, more than ``MAX_ROWS`` rows) runs the eager model as before.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.models.layers import Linear
+from shared.worker.native.abi import Dims, Layer, Mat, Scratch, addr, with_bias
+from shared.worker.quant.formats import Dense, WeightFormat
+from shared.worker.quant.linear import QuantLinear
+
+if TYPE_CHECKING:
+    from shared.worker.models.llama import LlamaForCausalLM
+    from shared.worker.native.build import NativeKernels
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = 8                    # decode.c's MAX_ROWS
+MAX_GROUP, MAX_DIM = 16, 256    # attention.c's limits
+
+
+def _linear_mat(module: torch.nn.Module, rows: int) -> Mat | None:
+    """The C view of the weight ``module`` multiplies ``rows`` rows with, bias included."""
+    fmt: WeightFormat
+    if isinstance(module, QuantLinear):
+        fmt, bias = module.formats[module.dispatch.format_for(rows)], module.bias
+    elif isinstance(module, Linear):
+        fmt, bias = Dense(module.weight.detach()), module.bias
+    else:
+        return None
+    m = fmt.native_mat()
+    if m is None or (bias is not None and bias.dtype != torch.float32):
+        return None
+    return with_bias(m, None if bias is None else bias.detach())
+
+
+def unsupported_reason(model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> str | None:
+    """Why the fused step cannot run this model (None: it can)."""
+    a = model.arch
+    if model.embed_tokens.weight.dtype != torch.float32:
+        return f"the model runs in {model.embed_tokens.weight.dtype} (the fused step is float32)"
+    if any(k.dtype != torch.float32 or not k.is_contiguous() for k, _ in kv_caches):
+        return "the KV cache is not contiguous float32"
+    group = a.num_attention_heads // a.num_key_value_heads
+    if a.num_attention_heads % a.num_key_value_heads or group > MAX_GROUP or a.head_dim > MAX_DIM:
+        return f"{a.num_attention_heads} heads / {a.num_key_value_heads} KV heads of {a.head_dim}"
+    return None
+
+
+class FusedDecode:
+    """Runs decode steps of up to ``MAX_ROWS`` rows through ``decode.c``."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 native: NativeKernels, num_threads: int) -> None:
+        a = model.arch
+        self.model, self.native, self.num_threads = model, native, num_threads
+        self.kv_caches = kv_caches      # kept alive: the C structs hold their pointers
+        self.dims = Dims(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim,
+                         a.intermediate_size, a.num_hidden_layers, a.rms_norm_eps, a.head_dim ** -0.5)
+        self._layers: dict[int, ctypes.Array[Layer] | None] = {}   # by rows: formats may differ
+        self._scratch, self._scratch_struct = self._alloc_scratch(num_threads)
+
+    def _alloc_scratch(self, num_threads: int) -> tuple[list[torch.Tensor], Scratch]:
+        a, r = self.model.arch, MAX_ROWS
+        h, kvh, d = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        capacity = 8 * num_threads      # partial attention results (attention.c's split)
+        split = capacity * ((h // kvh) * d + 2 * MAX_GROUP)
+        sizes = [a.hidden_size, (h + 2 * kvh) * d, h * d, h * d, 2 * a.intermediate_size,
+                 a.intermediate_size]
+        bufs = [torch.empty(r * n) for n in sizes] + [torch.empty(split)]
+        return bufs, Scratch(*(b.data_ptr() for b in bufs), capacity)
+
+    def layers_for(self, rows: int) -> ctypes.Array[Layer] | None:
+        """The C description of every layer with the weight formats ``rows`` dispatches to."""
+        if rows not in self._layers:
+            self._layers[rows] = self._build_layers(rows)
+        return self._layers[rows]
+
+    def _build_layers(self, rows: int) -> ctypes.Array[Layer] | None:
+        out = (Layer * len(self.model.layers))()
+        for i, (layer, (k, v)) in enumerate(zip(self.model.layers, self.kv_caches, strict=True)):
+            attn, mlp = layer.self_attn, layer.mlp
+            mats = [_linear_mat(m, rows) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj,
+                                                   mlp.down_proj)]
+            if any(m is None for m in mats):
+                return None
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
+            out[i] = Layer(*(None if n is None else addr(n.weight) for n in norms), *mats,
+                           k.data_ptr(), v.data_ptr())
+        return out
+
+    def can_run(self, meta: AttentionMetadata) -> bool:
+        rows = meta.num_seqs
+        return (rows <= MAX_ROWS and meta.num_tokens == rows
+                and all(q == 1 for q in meta.query_lens_list) and self.layers_for(rows) is not None)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            meta: AttentionMetadata) -> torch.Tensor:
+        """The final-normed hidden states [rows, hidden], as the eager model returns them."""
+        model, rows = self.model, meta.num_seqs
+        h = model.embed_tokens(input_ids).contiguous()
+        cos, sin = model.rotary.cos_sin(positions, model.token_seq_lens(meta), h.dtype)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        tables = meta.block_tables.contiguous()
+        rc = self.native.decode_forward(
+            ctypes.addressof(self.dims), ctypes.addressof(self.layers_for(rows)), h.data_ptr(), rows,
+            cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(),
+            tables.shape[1], meta.block_size, meta.seq_lens.data_ptr(),
+            ctypes.addressof(self._scratch_struct), self.num_threads)
+        if rc != 0:
+            raise RuntimeError(f"decode_forward refused {rows} rows")
+        return model.norm(h)

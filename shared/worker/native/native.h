@@ -1,0 +1,95 @@
+/* Shared pieces of twinserve's native CPU kernels (kernels.c, attention.c, decode.c).
+ *
+ * Functions named *_for contain an orphaned `omp for`: called inside a parallel region they
+ * split their work between its threads (one fork per step instead of one per operation);
+ * called outside one they run on the calling thread. */
+#ifndef TWINSERVE_NATIVE_H
+#define TWINSERVE_NATIVE_H
+
+#include <stdint.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define MAX_ROWS 8          /* activation rows of the small-batch GEMV and the fused decode */
+
+/* A weight matrix y = x W^T (+ bias), W [n, k] in one of three layouts (kind):
+ *   MAT_F32   w float32 [n, k]
+ *   MAT_INT8  w int8 [n, k], W = w * scale[n] (float32 per output row)
+ *   MAT_Q4    groups of Q4_GROUP along k, W = q * scale + zero (float16 [n, k / Q4_GROUP] each);
+ *             w uint8 [n, k / 2]: per group 16 bytes, byte j holds q[j] (low nibble) and
+ *             q[j + 16] (high nibble), the block layout of GGUF's Q4_1 */
+enum { MAT_F32 = 0, MAT_INT8 = 1, MAT_Q4 = 2 };
+#define Q4_GROUP 32
+#define MAX_Q4_GROUPS 256     /* k <= 8192: the per-thread activation copy lives on the stack */
+typedef struct {
+    const void *w;
+    const void *scale;
+    const void *zero;       /* MAT_Q4 only */
+    const float *bias;      /* [n] or NULL */
+    int64_t n, k;
+    int32_t kind;
+} Mat;
+
+/* out[m, :] (= or +=) x[m, :] W^T for m < rows, the n output columns split between threads. */
+void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
+void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
+#define NT 4                /* weight rows per GEMV tile */
+
+/* One query row per (token, kv head): ``q`` [tokens, heads, dim] attends the first ctx[t] keys of
+ * its sequence through block table row ``tables + table_row[t] * max_blocks``; out has q's
+ * shape. Caches are
+ * [blocks, block_size, kv_heads, dim], float32 (kv_bf16 = 0) or bfloat16 (kv_bf16 = 1). */
+typedef struct {
+    const void *k_cache, *v_cache;
+    const int32_t *tables;
+    int64_t max_blocks, block_size, heads, kv_heads, dim;
+    int32_t kv_bf16;
+    float scale;
+} PagedKV;
+
+/* Long contexts with few (token, kv head) pairs are split into position ranges when
+ * ``scratch`` (``capacity`` partial results, see attention.c) is given; NULL: no split. */
+void attend_split_for(const PagedKV *kv, const float *q, int64_t tokens, const int32_t *table_row,
+                      const int32_t *ctx, float *out, float *scratch, int64_t capacity, int nthreads);
+
+#ifdef __AVX2__
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
+#ifdef __F16C__
+static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+#else
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    float f;
+    if (exp == 0) {                                 /* zero or subnormal: man * 2^-24 */
+        f = (float)man * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+#endif
+
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#endif

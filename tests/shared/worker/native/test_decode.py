@@ -1,0 +1,112 @@
+"""The fused native decode step against the eager model on the same weights and caches: ragged
+contexts over shuffled blocks, every family's options (GQA, q/k/v bias, q/k norm), float32 and
+int8 weights, with and without the split of long contexts between threads."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.native.build import NativeKernels, load_native
+from shared.worker.native.decode import FusedDecode, unsupported_reason
+from shared.worker.quant.linear import Dispatch, quantize_model
+from tests.kernels.helpers import tiny_model
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> NativeKernels:
+    kernels = load_native(tmp_path_factory.mktemp("native"))
+    assert kernels is not None
+    return kernels
+
+
+def decode_meta(seq_lens: list[int], block_size: int, seed: int) -> tuple[AttentionMetadata, int]:
+    """One decode token per sequence at position seq_len - 1; blocks shuffled; tables padded."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(per_seq) + 2
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = torch.zeros(len(seq_lens), max(per_seq) + 1, dtype=torch.int32)
+    slots = []
+    for i, (n, nb) in enumerate(zip(seq_lens, per_seq)):
+        tables[i, :nb] = torch.tensor(order[:nb], dtype=torch.int32)
+        order = order[nb:]
+        pos = n - 1
+        slots.append(int(tables[i, pos // block_size]) * block_size + pos % block_size)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start_loc=torch.arange(len(seq_lens) + 1, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables,
+        block_size=block_size, query_lens_list=[1] * len(seq_lens), seq_lens_list=list(seq_lens))
+    return meta, num_blocks
+
+
+def random_caches(model: torch.nn.Module, num_blocks: int, block_size: int, seed: int) -> list:
+    a, gen = model.arch, torch.Generator().manual_seed(seed)
+    shape = (num_blocks, block_size, a.num_key_value_heads, a.head_dim)
+    return [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+            for _ in range(a.num_hidden_layers)]
+
+
+def run_both(model, native: NativeKernels, seq_lens: list[int], block_size: int, threads: int,
+             seed: int = 0) -> None:
+    meta, num_blocks = decode_meta(seq_lens, block_size, seed)
+    eager_caches = random_caches(model, num_blocks, block_size, seed)
+    fused_caches = [(k.clone(), v.clone()) for k, v in eager_caches]
+    ids = torch.randint(0, model.arch.vocab_size, (len(seq_lens),), generator=torch.Generator().manual_seed(seed))
+    positions = torch.tensor([n - 1 for n in seq_lens])
+    with torch.inference_mode():
+        expected = model(ids, positions, meta, eager_caches)
+        fused = FusedDecode(model, fused_caches, native, threads)
+        assert fused.can_run(meta)
+        got = fused.run(ids, positions, meta)
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
+    for (ke, ve), (kf, vf) in zip(eager_caches, fused_caches):    # this step's K/V written alike
+        torch.testing.assert_close(kf, ke, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(vf, ve, atol=1e-5, rtol=1e-5)
+
+
+FAMILIES = {
+    "llama": {},
+    "qwen2": {"model_type": "qwen2"},                       # q/k/v bias
+    "qwen3": {"model_type": "qwen3"},                       # per-head q/k RMSNorm
+    "mha-64": {"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seq_lens,block_size", [([5], 16), ([1, 37, 200], 16), ([9, 3, 64, 17, 2, 80, 33, 128], 4)])
+def test_fused_decode_matches_eager(native: NativeKernels, family: str, seq_lens: list[int],
+                                    block_size: int) -> None:
+    model = tiny_model(torch.float32, seed=len(seq_lens), std=0.1, **FAMILIES[family])
+    run_both(model, native, seq_lens, block_size, threads=2)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_long_context_split_between_threads(native: NativeKernels, threads: int) -> None:
+    # One sequence of 700 keys: attention.c splits it into ranges merged afterwards.
+    run_both(tiny_model(torch.float32, seed=3, std=0.1), native, [700], 16, threads)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_weights_match_the_eager_quantized_model(native: NativeKernels, fmt: str) -> None:
+    # One layer: the int4 kernel rounds activations to int8, so a 1e-7 difference between the
+    # eager and fused inputs of a later layer can flip a rounding and move its output by 1e-3.
+    model = tiny_model(torch.float32, seed=5, std=0.1, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=1)
+    quantize_model(model, Dispatch.single(fmt), torch.float32, native)
+    run_both(model, native, [12, 40, 7], 16, threads=2)
+
+
+def test_steps_it_cannot_take(native: NativeKernels) -> None:
+    model = tiny_model(torch.float32, std=0.1)
+    meta, num_blocks = decode_meta([4] * 9, 16, 0)              # 9 rows: more than MAX_ROWS
+    fused = FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2)
+    assert not fused.can_run(meta)
+    meta.query_lens_list = [2] + [1] * 8                         # a prefill chunk among decodes
+    assert not fused.can_run(meta)
+    quantize_model(model, Dispatch.single("w8a8"), torch.float32)   # no C path for w8a8
+    small, _ = decode_meta([4], 16, 0)
+    assert not FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2).can_run(small)
+    bf16 = tiny_model(torch.bfloat16)
+    assert "bfloat16" in unsupported_reason(bf16, random_caches(bf16, 2, 16, 0))
