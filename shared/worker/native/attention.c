@@ -15,17 +15,25 @@
  * its running max, running sum and unnormalised output. */
 typedef struct { float mx[MAX_GROUP], sum[MAX_GROUP]; } State;
 
-/* Row i of a tile whose first row is at ``base`` (rows ``stride`` elements apart): float32
- * caches are read in place, bf16 ones widened into ``buf``. */
-static inline const float *kv_row(const PagedKV *kv, const void *base, int64_t i, int64_t stride,
-                                  float *buf) {
-    if (!kv->kv_bf16) return (const float *)base + i * stride;
-    const uint16_t *src = (const uint16_t *)base + i * stride;
-    for (int64_t d = 0; d < kv->dim; d++) {       /* bf16 is the top half of a float32 */
-        uint32_t bits = (uint32_t)src[d] << 16;
-        memcpy(buf + d, &bits, 4);
+/* Pointers to a tile's key or value rows (positions p0..p0+n of one KV head) as float32:
+ * float32 caches in place, bf16 ones widened into ``buf`` [TILE, dim]. */
+static void tile_rows(const PagedKV *kv, const void *cache, const int32_t *tbl, int64_t g,
+                      int64_t p0, int64_t n, float *buf, const float **rows) {
+    const int64_t bs = kv->block_size, D = kv->dim, stride = kv->kv_heads * D;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = p0 + i;
+        const int64_t at = ((int64_t)tbl[p / bs] * bs + p % bs) * stride + g * D;
+        if (!kv->kv_bf16) {
+            rows[i] = (const float *)cache + at;
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)cache + at;
+        for (int64_t d = 0; d < D; d++) {           /* bf16 is the top half of a float32 */
+            uint32_t bits = (uint32_t)src[d] << 16;
+            memcpy(buf + i * D + d, &bits, 4);
+        }
+        rows[i] = buf + i * D;
     }
-    return buf;
 }
 
 static inline void axpy(float *y, float a, const float *x, int64_t n) {
@@ -38,74 +46,119 @@ static inline void axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* acc[j, :] += sum_i p[j][i] * v_i over the tile's n rows, one 8-wide column chunk at a time so
- * the group's accumulators stay in registers across the rows. */
-static void accumulate_values(const PagedKV *kv, const void *vbase, int64_t n, int64_t stride,
-                              float p[][TILE], int64_t G, float *acc) {
-    const int64_t D = kv->dim;
-    float buf[MAX_DIM];
-    int64_t c = 0;
+/* s[i] = q . k_i * scale for the tile's n keys. Eight keys at a time have eight independent
+ * accumulators (one dot product alone is a chain of dependent FMAs: latency-bound). */
+static void scores(const float *q, const float *const *k, int64_t n, int64_t D, float scale,
+                   float *s) {
+    int64_t i = 0;
 #ifdef __AVX2__
-    if (!kv->kv_bf16 && G <= 8) {
-        for (; c + 8 <= D; c += 8) {
-            __m256 a[8];
-            for (int64_t j = 0; j < G; j++) a[j] = _mm256_loadu_ps(acc + j * D + c);
-            for (int64_t i = 0; i < n; i++) {
-                const __m256 v = _mm256_loadu_ps((const float *)vbase + i * stride + c);
-                for (int64_t j = 0; j < G; j++) a[j] = _mm256_fmadd_ps(_mm256_set1_ps(p[j][i]), v, a[j]);
+    if (D % 8 == 0)
+        for (; i + 8 <= n; i += 8) {
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < D; c += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + c);
+                for (int r = 0; r < 8; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(k[i + r] + c), qv, acc[r]);
             }
-            for (int64_t j = 0; j < G; j++) _mm256_storeu_ps(acc + j * D + c, a[j]);
+            _mm256_storeu_ps(s + i, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
         }
-        if (c == D) return;
-    }
 #endif
-    for (int64_t i = 0; i < n; i++) {
-        const float *v = kv_row(kv, vbase, i, stride, buf);
-        for (int64_t j = 0; j < G; j++)
-            for (int64_t d = c; d < D; d++) acc[j * D + d] += p[j][i] * v[d];
-    }
+    for (; i < n; i++) s[i] = dot_f32(q, k[i], D) * scale;
 }
 
-/* Scores of one tile (n <= TILE consecutive slots of one block) folded into the running
- * softmax state: s[j][i] becomes the tile's exp weights. */
-static void score_tile(const PagedKV *kv, const float *qh, const void *kbase, int64_t n,
-                       int64_t stride, int64_t G, float s[][TILE], float *acc, State *st) {
-    const int64_t D = kv->dim;
-    float buf[MAX_DIM];
-    for (int64_t i = 0; i < n; i++) {
-        const float *k = kv_row(kv, kbase, i, stride, buf);
-        for (int64_t j = 0; j < G; j++) s[j][i] = dot_f32(qh + j * D, k, D) * kv->scale;
+/* s[i] = exp(s[i] - m) for i < n, and their sum; s is padded with zeros up to a multiple of 8. */
+static float exp_shifted(float *s, int64_t n, float m) {
+    int64_t i = 0;
+    float sum = 0.0f;
+#ifdef __AVX2__
+    for (int64_t p = n; p % 8; p++) s[p] = -INFINITY;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 mv = _mm256_set1_ps(m);
+    for (; i < n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        if (i + 8 > n)          /* the padding: exactly zero, not e^-86 */
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                    _mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
     }
+    return hsum(acc);
+#endif
+    for (; i < n; i++) { s[i] = expf(s[i] - m); sum += s[i]; }
+    return sum;
+}
+
+/* acc[j, :] += sum_i p[j][i] * v_i over the tile's n rows. Two 8-wide column chunks at a time
+ * for up to four heads: 2 x group independent accumulators stay in registers across the rows. */
+static void accumulate_values(const float *const *v, int64_t n, int64_t D, float p[][TILE],
+                              int64_t G, float *acc) {
+    int64_t c = 0;
+#ifdef __AVX2__
+    if (G <= 4)
+        for (; c + 16 <= D; c += 16) {
+            __m256 a[4][2];
+            for (int64_t j = 0; j < G; j++)
+                for (int h = 0; h < 2; h++) a[j][h] = _mm256_loadu_ps(acc + j * D + c + 8 * h);
+            for (int64_t i = 0; i < n; i++) {
+                const __m256 v0 = _mm256_loadu_ps(v[i] + c), v1 = _mm256_loadu_ps(v[i] + c + 8);
+                for (int64_t j = 0; j < G; j++) {
+                    const __m256 pj = _mm256_set1_ps(p[j][i]);
+                    a[j][0] = _mm256_fmadd_ps(pj, v0, a[j][0]);
+                    a[j][1] = _mm256_fmadd_ps(pj, v1, a[j][1]);
+                }
+            }
+            for (int64_t j = 0; j < G; j++)
+                for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + j * D + c + 8 * h, a[j][h]);
+        }
+    if (c == D) return;
+#endif
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < G; j++)
+            if (c == 0) axpy(acc + j * D, p[j][i], v[i], D);
+            else for (int64_t d = c; d < D; d++) acc[j * D + d] += p[j][i] * v[i][d];
+}
+
+static inline void scale_rows(float *x, float c, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(c)));
+#endif
+    for (; i < n; i++) x[i] *= c;
+}
+
+/* Positions [p0, p0 + n) (n <= TILE, across blocks) folded into the running softmax state. */
+static void attend_tile(const PagedKV *kv, const float *qh, const int32_t *tbl, int64_t g,
+                        int64_t p0, int64_t n, float *acc, State *st) {
+    const int64_t G = kv->heads / kv->kv_heads, D = kv->dim;
+    float s[MAX_GROUP][TILE], buf[TILE * MAX_DIM];
+    const float *rows[TILE];
+    tile_rows(kv, kv->k_cache, tbl, g, p0, n, buf, rows);
     for (int64_t j = 0; j < G; j++) {
+        scores(qh + j * D, rows, n, D, kv->scale, s[j]);
         float m = st->mx[j];
         for (int64_t i = 0; i < n; i++) m = s[j][i] > m ? s[j][i] : m;
         if (m > st->mx[j]) {            /* rescale what came before (nothing on the first tile) */
             const float corr = expf(st->mx[j] - m);
             st->sum[j] *= corr;
-            for (int64_t d = 0; d < D; d++) acc[j * D + d] *= corr;
+            scale_rows(acc + j * D, corr, D);
             st->mx[j] = m;
         }
-        for (int64_t i = 0; i < n; i++) { s[j][i] = expf(s[j][i] - m); st->sum[j] += s[j][i]; }
+        st->sum[j] += exp_shifted(s[j], n, m);
     }
+    tile_rows(kv, kv->v_cache, tbl, g, p0, n, buf, rows);
+    accumulate_values(rows, n, D, s, G, acc);
 }
 
-/* Positions [lo, hi) of one (token, kv head), block by block (no per-position division):
- * acc [group, dim] and st start empty. */
+/* Positions [lo, hi) of one (token, kv head), TILE at a time: acc [group, dim] and st start
+ * empty. */
 static void attend_range(const PagedKV *kv, const float *qh, const int32_t *tbl, int64_t g,
                          int64_t lo, int64_t hi, float *acc, State *st) {
-    const int64_t G = kv->heads / kv->kv_heads, D = kv->dim, bs = kv->block_size;
-    const int64_t stride = kv->kv_heads * D, elem = kv->kv_bf16 ? 2 : 4;
-    float s[MAX_GROUP][TILE];
+    const int64_t G = kv->heads / kv->kv_heads, D = kv->dim;
     for (int64_t j = 0; j < G; j++) { st->mx[j] = -INFINITY; st->sum[j] = 0.0f; }
     memset(acc, 0, sizeof(float) * G * D);
-    for (int64_t p0 = lo; p0 < hi;) {
-        const int64_t block_end = (p0 / bs + 1) * bs, end = block_end < hi ? block_end : hi;
-        const int64_t n = end - p0 < TILE ? end - p0 : TILE;
-        const int64_t row = ((int64_t)tbl[p0 / bs] * bs + p0 % bs) * stride + g * D;
-        score_tile(kv, qh, (const char *)kv->k_cache + row * elem, n, stride, G, s, acc, st);
-        accumulate_values(kv, (const char *)kv->v_cache + row * elem, n, stride, s, G, acc);
-        p0 += n;
-    }
+    for (int64_t p0 = lo; p0 < hi; p0 += TILE)
+        attend_tile(kv, qh, tbl, g, p0, hi - p0 < TILE ? hi - p0 : TILE, acc, st);
 }
 
 /* Merge `parts` partial states into out [group, dim] (normalised). */

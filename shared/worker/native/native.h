@@ -10,6 +10,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
+#include "vec.h"
 
 #define MAX_ROWS 8          /* activation rows of the small-batch GEMV and the fused decode */
 
@@ -53,16 +54,6 @@ typedef struct {
 void attend_split_for(const PagedKV *kv, const float *q, int64_t tokens, const int32_t *table_row,
                       const int32_t *ctx, float *out, float *scratch, int64_t capacity, int nthreads);
 
-#ifdef __AVX2__
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-}
-#endif
-
 #ifdef __F16C__
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 #else
@@ -80,16 +71,6 @@ static inline float half_to_float(uint16_t h) {
 }
 #endif
 
-static inline float dot_f32(const float *a, const float *b, int64_t n) {
-    int64_t i = 0;
-    float s = 0.0f;
-#ifdef __AVX2__
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    s = hsum(acc);
-#endif
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+
 
 #endif
