@@ -85,10 +85,10 @@ class NativeKernels:
         self._lib = lib
         self.isa = lib.native_isa().decode()
         self.path = path
-        self.max_rows = 8
+        self.max_rows = 32             # native.h's MAX_ROWS
 
     def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
-        """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= 8)."""
+        """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= 32)."""
         x = x.contiguous()
         out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
         rc = self._lib.mat_gemm_small(ctypes.addressof(mat), x.data_ptr(), x.shape[0],

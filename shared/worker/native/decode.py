@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = 8                    # decode.c's MAX_ROWS
+MAX_ROWS = 32                   # native.h's MAX_ROWS
 MAX_GROUP, MAX_DIM = 16, 256    # attention.c's limits
 
 

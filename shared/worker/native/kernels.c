@@ -15,10 +15,10 @@ static inline void tile(const Mat *mat, const float *x, const int64_t M, float *
     const int8_t *q = (const int8_t *)mat->w;
     const float *wf = (const float *)mat->w;
     const int is_int8 = mat->kind == MAT_INT8;
-    float acc_s[MAX_ROWS][NT] = {{0}};
+    float acc_s[ROW_CHUNK][NT] = {{0}};
     int64_t k = 0;
 #ifdef __AVX2__
-    __m256 acc[MAX_ROWS][NT];
+    __m256 acc[ROW_CHUNK][NT];
     for (int64_t m = 0; m < M; m++)
         for (int t = 0; t < nt; t++) acc[m][t] = _mm256_setzero_ps();
     for (; k + 8 <= K; k += 8) {
@@ -74,12 +74,17 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
         q4_gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
-    const int64_t tiles = mat->n / NT;
+    const int64_t tiles = mat->n / NT, K = mat->k;
     #pragma omp for schedule(static)
-    for (int64_t i = 0; i < tiles; i++) tile_rows(mat, x, rows, out, ldo, accumulate, i * NT);
+    for (int64_t i = 0; i < tiles; i++)
+        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
+            tile_rows(mat, x + m0 * K, rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK, out + m0 * ldo,
+                      ldo, accumulate, i * NT);
     #pragma omp single
     for (int64_t n = tiles * NT; n < mat->n; n++)    /* the last n % NT rows, one at a time */
-        tile(mat, x, rows, out, ldo, accumulate, n, 1);
+        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
+            tile(mat, x + m0 * K, rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK, out + m0 * ldo, ldo,
+                 accumulate, n, 1);
 }
 
 /* out [M, n] = x W^T for any Mat (the Python side fills the struct), M <= MAX_ROWS. */

@@ -12,7 +12,8 @@
 #endif
 #include "vec.h"
 
-#define MAX_ROWS 8          /* activation rows of the small-batch GEMV and the fused decode */
+#define MAX_ROWS 32         /* activation rows of the small-batch GEMV and the fused decode */
+#define ROW_CHUNK 8         /* rows per register tile: larger batches run in chunks of it */
 
 /* A weight matrix y = x W^T (+ bias), W [n, k] in one of three layouts (kind):
  *   MAT_F32   w float32 [n, k]
@@ -22,7 +23,7 @@
  *             q[j + 16] (high nibble), the block layout of GGUF's Q4_1 */
 enum { MAT_F32 = 0, MAT_INT8 = 1, MAT_Q4 = 2 };
 #define Q4_GROUP 32
-#define MAX_Q4_GROUPS 256     /* k <= 8192: the per-thread activation copy lives on the stack */
+#define MAX_Q4_GROUPS 128     /* k <= 4096: the per-thread activation copy lives on the stack */
 typedef struct {
     const void *w;
     const void *scale;

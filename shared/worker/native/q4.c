@@ -14,11 +14,16 @@
 /* Per-thread copy of the activations' group sums and (AVX2) int8 blocks with their scales. */
 typedef struct {
     float sums[MAX_ROWS * MAX_Q4_GROUPS];
-#ifdef __AVX2__
     int8_t q[MAX_ROWS * MAX_K] __attribute__((aligned(32)));
     float scale[MAX_ROWS * MAX_Q4_GROUPS];
-#endif
 } QX;
+
+/* The rows of a QX that one register tile reads (a chunk of at most ROW_CHUNK rows). */
+typedef struct {
+    const float *sums;
+    const int8_t *q;
+    const float *scale;
+} QRows;
 
 #ifdef __AVX2__
 static inline float hmax(__m256 v) {
@@ -62,15 +67,15 @@ static void prepare(const float *x, int64_t rows, int64_t K, QX *qx) {
 }
 
 /* ``nt`` weight rows from n0 for M activation rows (M, nt constants per inlined copy). */
-static inline void tile(const Mat *mat, const float *x, const QX *qx, const int64_t M, float *out,
+static inline void tile(const Mat *mat, const float *x, const QRows *qx, const int64_t M, float *out,
                         int64_t ldo, int accumulate, int64_t n0, const int nt) {
     const int64_t K = mat->k, G = K / Q4_GROUP;
     const uint8_t *q = (const uint8_t *)mat->w;
     const uint16_t *d = (const uint16_t *)mat->scale, *z = (const uint16_t *)mat->zero;
-    float acc_s[MAX_ROWS][NT] = {{0}};
+    float acc_s[ROW_CHUNK][NT] = {{0}};
 #ifdef __AVX2__
     (void)x;
-    __m256 acc[MAX_ROWS][NT];
+    __m256 acc[ROW_CHUNK][NT];
     const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int64_t m = 0; m < M; m++)
         for (int t = 0; t < nt; t++) acc[m][t] = _mm256_setzero_ps();
@@ -118,7 +123,7 @@ static inline void tile(const Mat *mat, const float *x, const QX *qx, const int6
     }
 }
 
-static void tile_rows(const Mat *mat, const float *x, const QX *qx, int64_t M, float *out,
+static void tile_rows(const Mat *mat, const float *x, const QRows *qx, int64_t M, float *out,
                       int64_t ldo, int acc, int64_t n0) {
     switch (M) {
     case 1: tile(mat, x, qx, 1, out, ldo, acc, n0, 4); break;
@@ -130,11 +135,20 @@ static void tile_rows(const Mat *mat, const float *x, const QX *qx, int64_t M, f
 }
 
 void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
-    QX qx;                      /* ~80 KB of stack per thread at the largest K */
-    const int64_t tiles = mat->n / NT;
-    prepare(x, rows, mat->k, &qx);
+    QX qx;                      /* ~160 KB of stack per thread at the largest K and row count */
+    const int64_t tiles = mat->n / NT, K = mat->k, G = K / Q4_GROUP;
+    QRows chunks[MAX_ROWS / ROW_CHUNK];
+    prepare(x, rows, K, &qx);
+    for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
+        chunks[m0 / ROW_CHUNK] = (QRows){qx.sums + m0 * G, qx.q + m0 * K, qx.scale + m0 * G};
     #pragma omp for schedule(static)
-    for (int64_t i = 0; i < tiles; i++) tile_rows(mat, x, &qx, rows, out, ldo, accumulate, i * NT);
+    for (int64_t i = 0; i < tiles; i++)
+        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
+            tile_rows(mat, x + m0 * K, &chunks[m0 / ROW_CHUNK], rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK,
+                      out + m0 * ldo, ldo, accumulate, i * NT);
     #pragma omp single
-    for (int64_t n = tiles * NT; n < mat->n; n++) tile(mat, x, &qx, rows, out, ldo, accumulate, n, 1);
+    for (int64_t n = tiles * NT; n < mat->n; n++)
+        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
+            tile(mat, x + m0 * K, &chunks[m0 / ROW_CHUNK], rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK,
+                 out + m0 * ldo, ldo, accumulate, n, 1);
 }

@@ -75,7 +75,9 @@ FAMILIES = {
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("seq_lens,block_size", [([5], 16), ([1, 37, 200], 16), ([9, 3, 64, 17, 2, 80, 33, 128], 4)])
+@pytest.mark.parametrize("seq_lens,block_size", [
+    ([5], 16), ([1, 37, 200], 16), ([9, 3, 64, 17, 2, 80, 33, 128], 4),
+    ([(7 * i) % 90 + 1 for i in range(21)], 16)])          # 21 rows: register tiles of 8, 8, 5
 def test_fused_decode_matches_eager(native: NativeKernels, family: str, seq_lens: list[int],
                                     block_size: int) -> None:
     model = tiny_model(torch.float32, seed=len(seq_lens), std=0.1, **FAMILIES[family])
@@ -100,11 +102,13 @@ def test_quantized_weights_match_the_eager_quantized_model(native: NativeKernels
 
 def test_steps_it_cannot_take(native: NativeKernels) -> None:
     model = tiny_model(torch.float32, std=0.1)
-    meta, num_blocks = decode_meta([4] * 9, 16, 0)              # 9 rows: more than MAX_ROWS
+    meta, num_blocks = decode_meta([4] * 33, 16, 0)             # 33 rows: more than MAX_ROWS
     fused = FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2)
     assert not fused.can_run(meta)
-    meta.query_lens_list = [2] + [1] * 8                         # a prefill chunk among decodes
-    assert not fused.can_run(meta)
+    few, _ = decode_meta([4] * 4, 16, 0)
+    assert fused.can_run(few)
+    few.query_lens_list = [2, 1, 1, 1]                           # a prefill chunk among decodes
+    assert not fused.can_run(few)
     quantize_model(model, Dispatch.single("w8a8"), torch.float32)   # no C path for w8a8
     small, _ = decode_meta([4], 16, 0)
     assert not FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2).can_run(small)

@@ -41,7 +41,8 @@ def q4_reference(x: torch.Tensor, blocks: Q4Blocks, isa: str) -> torch.Tensor:
     return xq @ (w - zeros).t() + x @ zeros.t()
 
 
-SHAPES = [(1, 576), (3, 96), (8, 1536), (5, 64), (2, 100)]     # 100: off the SIMD width
+# 100: off the SIMD width; 13 and 32 rows: more than one register tile of 8 rows
+SHAPES = [(1, 576), (3, 96), (8, 1536), (5, 64), (2, 100), (13, 192), (32, 576)]
 CASES = [(kind, rows, k) for kind in ("f32", "int8", "int4") for rows, k in SHAPES
          if kind != "int4" or k % 32 == 0]                       # int4 needs whole groups of 32
 
@@ -81,15 +82,15 @@ def test_formats_take_the_native_path_for_small_float32_batches(cache: Path) -> 
     w = torch.randn(64, 128) * 0.05
     for kind in ("int8", "int4"):
         fmt, exact = native_weight(kind, w, native)
-        for rows in (1, 8):             # the native kernel
+        for rows in (1, 8, 32):         # the native kernel
             x = torch.randn(rows, 128)
             ref = q4_reference(x, fmt.blocks, native.isa) if kind == "int4" else x @ exact.t()
             torch.testing.assert_close(fmt.matmul(x), ref, atol=1e-4, rtol=1e-4)
-        x = torch.randn(9, 128)         # 9 rows: torch's kernel on bf16 activations
+        x = torch.randn(33, 128)        # 33 rows: torch's kernel on bf16 activations
         torch.testing.assert_close(fmt.matmul(x), x @ fmt.dequantize().t(), atol=3e-2, rtol=3e-2)
     fmt = pack("int8", w, torch.float32)
-    with pytest.raises(ValueError, match="at most 8"):
-        native.gemm_small(fmt.native_mat(), torch.randn(9, 128), 1)
+    with pytest.raises(ValueError, match="at most 32"):
+        native.gemm_small(fmt.native_mat(), torch.randn(33, 128), 1)
 
 
 def test_the_build_is_cached_and_keyed(cache: Path) -> None:
