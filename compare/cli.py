@@ -4,6 +4,8 @@
     twinserve compare --out /tmp/cmp                    # both model settings, a few minutes
     twinserve compare --models default --concurrency 1 16 64 --repeats 3 --out /tmp/cmp
     twinserve compare --url http://127.0.0.1:8000 --out /tmp/other   # any OpenAI server
+    twinserve compare --workload W1 --out /tmp/w1        # PERF.md's W1 on v0 and v1
+    twinserve compare --workload W1 --url http://127.0.0.1:8080 --out /tmp/w1-peer
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from compare.config import CompareConfig, quick_config
+from compare.config import WORKLOADS, CompareConfig, apply_workload, quick_config
 from shared.config import QUANTIZATION_MODES
 
 
@@ -22,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--quick", action="store_true", help="smoke preset (tiny model, 1 repeat, ~32 requests)")
+    p.add_argument("--workload", choices=tuple(WORKLOADS),
+                   help="a named workload of PERF.md (W1: 64 requests at c=16, 128/128 tokens; W2: 8 "
+                        "at c=1, 128/128; W3: 128 at c=64, 64/64), streaming chat, default model")
     p.add_argument("--models", choices=("tiny", "default", "both"), help="model setting (default: both)")
     p.add_argument("--model-path", help="folder or GGUF for the 'default' setting (default: SmolLM2-135M)")
     p.add_argument("--concurrency", type=int, nargs="+", dest="concurrencies", help="sweep (default: 1 4 16 64)")
@@ -38,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--max-num-batched-tokens", type=int)
     p.add_argument("--kv-cache-size", type=float, dest="kv_cache_size_gb", help="GiB, both engines")
-    p.add_argument("--num-threads", type=int, help="torch threads of each server (default: cores - 1)")
+    p.add_argument("--num-threads", type=int, help="torch threads of each server (default: the servers' own)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--quantization", choices=QUANTIZATION_MODES,
                    help="linear-layer weight format of both engines (default: the servers' own)")
@@ -55,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(ns: argparse.Namespace) -> CompareConfig:
     """Flags override the preset (quick or default); only flags given are applied."""
     cfg = quick_config(ns.out) if ns.quick else CompareConfig(out=ns.out)
+    cfg.url = ns.url
+    if ns.workload:
+        apply_workload(cfg, ns.workload)
     given = {f.name: getattr(ns, f.name) for f in fields(CompareConfig)
              if f.name != "out" and getattr(ns, f.name, None) is not None}
     if "models" in given:

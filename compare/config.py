@@ -1,13 +1,31 @@
 """What one ``twinserve compare`` run does: model settings, workloads, server settings, repeats."""
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from compare.workload import Workload
 
 MODEL_SETTINGS = ("tiny", "default")
+
+# PERF.md's named workloads on the default model, streaming chat: (requests, concurrency,
+# prompt tokens, output tokens). ``--workload`` applies one before the other flags.
+WORKLOADS: dict[str, tuple[int, int, int, int]] = {
+    "W1": (64, 16, 128, 128),
+    "W2": (8, 1, 128, 128),
+    "W3": (128, 64, 64, 64),
+}
+
+
+def apply_workload(cfg: CompareConfig, name: str) -> None:
+    """Set ``cfg`` to the named workload (one closed-loop point, no open-loop run)."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {name!r}")
+    n, c, prompt, output = WORKLOADS[name]
+    cfg.concurrencies, cfg.num_prompts, cfg.request_rate = [c], n, None
+    cfg.input_len, cfg.output_len, cfg.endpoint = (prompt, prompt), (output, output), "chat"
+    if cfg.url is None:
+        cfg.models = ["default"]
 
 
 @dataclass
@@ -30,9 +48,8 @@ class CompareConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     kv_cache_size_gb: float = 0.5
-    # One core left for the API process and the client: with every core given to torch, v1's
-    # core process and its API process oversubscribe the CPU (seen: 15x slower tiny forwards).
-    num_threads: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1))
+    # None: each server's own thread policy (what a user who passes nothing gets).
+    num_threads: int | None = None
     dtype: str = "auto"
     quantization: str | None = None         # None: each server's default (--quantization)
     engines: tuple[str, ...] = ("v0", "v1")

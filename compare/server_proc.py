@@ -17,17 +17,17 @@ class ServerSettings:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     kv_cache_size_gb: float = 0.5
-    num_threads: int = 1
+    num_threads: int | None = None      # None: the server's own thread policy
     dtype: str = "auto"
     quantization: str | None = None     # None: the server's own default
 
     def flags(self) -> list[str]:
         quant = [] if self.quantization is None else ["--quantization", self.quantization]
-        return [*quant, "--model", self.model,
+        threads = [] if self.num_threads is None else ["--num-threads", str(self.num_threads)]
+        return [*quant, *threads, "--model", self.model,
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-                "--kv-cache-size", str(self.kv_cache_size_gb),
-                "--num-threads", str(self.num_threads), "--dtype", self.dtype,
+                "--kv-cache-size", str(self.kv_cache_size_gb), "--dtype", self.dtype,
                 "--max-waiting-requests", "100000"]
 
 

@@ -8,6 +8,7 @@ import pytest
 from compare.aggregate import build_results, median_figures, ratio_figures
 from compare.cli import build_parser, config_from_args
 from compare.runner import RunRecord
+from compare.server_proc import ServerSettings
 
 
 def test_median_skips_missing_values() -> None:
@@ -48,7 +49,7 @@ def test_quick_preset_and_overrides() -> None:
     assert o.models == ["tiny", "default"] and [w.name for w in o.workloads()] == ["c2"]
     assert o.input_len == (5, 9) and o.num_threads == 1 and o.repeats == 1
     d = _cfg()
-    assert d.repeats == 2 and d.models == ["tiny", "default"]
+    assert d.repeats == 2 and d.models == ["tiny", "default"] and d.num_threads is None
     assert [w.name for w in d.workloads()] == ["c1", "c4", "c16", "c64", "rate4"]
     assert len({w.seed for w in d.workloads()}) == 5   # no prefix-cache hits across workloads
     u = _cfg("--url", "http://h:1")
@@ -58,3 +59,15 @@ def test_quick_preset_and_overrides() -> None:
 def test_bad_model_setting_rejected() -> None:
     with pytest.raises(SystemExit):
         _cfg("--models", "huge")
+
+
+def test_named_workloads_and_the_servers_own_thread_count() -> None:
+    w1 = _cfg("--workload", "W1")
+    assert [(w.name, w.num_prompts) for w in w1.workloads()] == [("c16", 64)]
+    assert w1.input_len == (128, 128) and w1.output_len == (128, 128) and w1.endpoint == "chat"
+    assert w1.models == ["default"] and w1.num_threads is None
+    w3 = _cfg("--workload", "W3", "--url", "http://127.0.0.1:9", "--repeats", "3")
+    assert [(w.name, w.num_prompts) for w in w3.workloads()] == [("c64", 128)]
+    assert w3.models == ["url"] and w3.repeats == 3 and w3.output_len == (64, 64)
+    assert "--num-threads" not in ServerSettings(model="m").flags()
+    assert ServerSettings(model="m", num_threads=3).flags()[:2] == ["--num-threads", "3"]

@@ -4,6 +4,7 @@
  * (see build.py); without AVX2 the scalar loops below run instead. */
 #include <math.h>
 #include "native.h"
+#include "actq.h"
 
 /* ``nt`` weight rows of out for M activation rows: the nt weight rows share each activation
  * load and their nt x M accumulators are independent, so the FMA latency chain does not stall
@@ -55,6 +56,57 @@ static inline void tile(const Mat *mat, const float *x, const int64_t M, float *
     }
 }
 
+#ifdef __AVX2__
+/* int8 weights times int8-rounded activations (actq.h) for one or two rows, where converting
+ * every weight to float made the kernel compute-bound: |w| times sign(w) * x in vpmaddubsw
+ * (|w| <= 127, so pair sums never saturate), a float multiply-add per group of 32 for the
+ * activations' scale and the row's scale at the end. */
+static inline void tile_int8q(const Mat *mat, const QRows *qx, const int64_t M, float *out,
+                              int64_t ldo, int accumulate, int64_t n0, const int nt) {
+    const int64_t K = mat->k, G = K / Q4_GROUP;
+    const int8_t *q = (const int8_t *)mat->w;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][NT];
+    for (int64_t m = 0; m < M; m++)
+        for (int t = 0; t < nt; t++) acc[m][t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256i w[NT];
+        for (int t = 0; t < nt; t++) w[t] = _mm256_loadu_si256((const __m256i *)(q + (n0 + t) * K + g * Q4_GROUP));
+        for (int64_t m = 0; m < M; m++) {
+            const __m256i xv = _mm256_load_si256((const __m256i *)(qx->q + m * K + g * Q4_GROUP));
+            const __m256 dx = _mm256_set1_ps(qx->scale[m * G + g]);
+            for (int t = 0; t < nt; t++) {
+                const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[t], w[t]), _mm256_sign_epi8(xv, w[t]));
+                acc[m][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), dx, acc[m][t]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const int64_t n = n0 + t;
+        const float s = ((const float *)mat->scale)[n], b = mat->bias ? mat->bias[n] : 0.0f;
+        for (int64_t m = 0; m < M; m++) {
+            const float y = hsum(acc[m][t]) * s + b;
+            out[m * ldo + n] = accumulate ? out[m * ldo + n] + y : y;
+        }
+    }
+}
+
+static void int8q_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo,
+                           int accumulate) {
+    QX qx;
+    const int64_t tiles = mat->n / NT;
+    prepare(x, rows, mat->k, &qx);
+    const QRows r = {qx.sums, qx.q, qx.scale};
+    #pragma omp for schedule(static)
+    for (int64_t i = 0; i < tiles; i++) {
+        if (rows == 1) tile_int8q(mat, &r, 1, out, ldo, accumulate, i * NT, NT);
+        else for (int t = 0; t < NT; t += 2) tile_int8q(mat, &r, 2, out, ldo, accumulate, i * NT + t, 2);
+    }
+    #pragma omp single
+    for (int64_t n = tiles * NT; n < mat->n; n++) tile_int8q(mat, &r, rows, out, ldo, accumulate, n, 1);
+}
+#endif
+
 /* Rows [n0, n0 + NT): one activation row gets NT weight rows per pass (latency hiding); two
  * rows get two; more rows already have M independent accumulators per weight row (and more
  * would spill registers: measured slower). */
@@ -74,6 +126,12 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
         q4_gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
+#ifdef __AVX2__
+    if (mat->kind == MAT_INT8 && rows <= 2 && mat->k % Q4_GROUP == 0 && mat->k <= MAX_K) {
+        int8q_gemv_for(mat, x, rows, out, ldo, accumulate);
+        return;
+    }
+#endif
     const int64_t tiles = mat->n / NT, K = mat->k;
     #pragma omp for schedule(static)
     for (int64_t i = 0; i < tiles; i++)

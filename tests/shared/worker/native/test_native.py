@@ -28,21 +28,27 @@ def native_weight(kind: str, w: torch.Tensor, native: NativeKernels) -> tuple[We
     return fmt, fmt.qweight.float() * fmt.scale_f32[:, None]     # the float32 scales
 
 
-def q4_reference(x: torch.Tensor, blocks: Q4Blocks, isa: str) -> torch.Tensor:
-    """What the Q4 kernel computes: with SIMD, activations rounded to int8 per group of 32
-    (scale max|x| / 127) against q * d, plus the zero points times the exact float sums."""
-    w = blocks.dequantize()
-    if isa == "scalar":
-        return x @ w.t()
-    zeros = blocks.zero.float().repeat_interleave(32, dim=1)
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to int8 per group of 32 (scale max|x| / 127), as the integer-dot kernels see it."""
     xg = x.reshape(x.shape[0], -1, 32)
     step = xg.abs().amax(-1, keepdim=True) / 127
-    xq = (torch.round(xg / step.clamp(min=1e-30)) * step).reshape_as(x)
-    return xq @ (w - zeros).t() + x @ zeros.t()
+    return (torch.round(xg / step.clamp(min=1e-30)) * step).reshape_as(x)
+
+
+def reference(kind: str, x: torch.Tensor, fmt: WeightFormat, weight: torch.Tensor, isa: str) -> torch.Tensor:
+    """What the kernel computes. With SIMD, Q4 always and int8 at one or two rows multiply
+    int8-rounded activations (Q4's zero points times the exact float sums)."""
+    simd = isa != "scalar"
+    if kind == "int4" and simd:
+        zeros = fmt.blocks.zero.float().repeat_interleave(32, dim=1)
+        return rounded(x) @ (weight - zeros).t() + x @ zeros.t()
+    if kind == "int8" and simd and x.shape[0] <= 2 and x.shape[1] % 32 == 0:
+        return rounded(x) @ weight.t()
+    return x @ weight.t()
 
 
 # 100: off the SIMD width; 13 and 32 rows: more than one register tile of 8 rows
-SHAPES = [(1, 576), (3, 96), (8, 1536), (5, 64), (2, 100), (13, 192), (32, 576)]
+SHAPES = [(1, 576), (2, 64), (3, 96), (8, 1536), (5, 64), (2, 100), (13, 192), (32, 576)]
 CASES = [(kind, rows, k) for kind in ("f32", "int8", "int4") for rows, k in SHAPES
          if kind != "int4" or k % 32 == 0]                       # int4 needs whole groups of 32
 
@@ -55,7 +61,7 @@ def test_gemm_small_matches_torch(cache: Path, flags: str, kind: str, rows: int,
     g = torch.Generator().manual_seed(rows)
     fmt, weight = native_weight(kind, torch.randn(208, k, generator=g) * 0.05, kernels)
     x = torch.randn(rows, k, generator=g)
-    ref = q4_reference(x, fmt.blocks, kernels.isa) if kind == "int4" else x @ weight.t()
+    ref = reference(kind, x, fmt, weight, kernels.isa)
     torch.testing.assert_close(kernels.gemm_small(fmt.native_mat(), x, num_threads=2), ref,
                                atol=1e-4, rtol=1e-4)
 
@@ -84,7 +90,7 @@ def test_formats_take_the_native_path_for_small_float32_batches(cache: Path) -> 
         fmt, exact = native_weight(kind, w, native)
         for rows in (1, 8, 32):         # the native kernel
             x = torch.randn(rows, 128)
-            ref = q4_reference(x, fmt.blocks, native.isa) if kind == "int4" else x @ exact.t()
+            ref = reference(kind, x, fmt, exact, native.isa)
             torch.testing.assert_close(fmt.matmul(x), ref, atol=1e-4, rtol=1e-4)
         x = torch.randn(33, 128)        # 33 rows: torch's kernel on bf16 activations
         torch.testing.assert_close(fmt.matmul(x), x @ fmt.dequantize().t(), atol=3e-2, rtol=3e-2)
