@@ -87,13 +87,14 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
         tuning = cache_dir() / "tuning"
-        self.dtype = resolve_dtype(mc.dtype, self.device, ArchConfig.from_folder(model_path), tuning)
+        # Native kernels serve small CPU batches (pure torch without them); they decide the dtype.
+        self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
+        self.dtype = resolve_dtype(mc.dtype, self.device, ArchConfig.from_folder(model_path), tuning,
+                                   native=self.native is not None)
         is_cuda = self.device.type == "cuda"
         free_before = torch.cuda.mem_get_info(self.device)[0] if is_cuda else 0
         self.model = load_model(model_path, dtype=self.dtype, device=mc.device)
         self.arch = self.model.arch
-        # Native kernels serve the small-batch quantized matmuls on CPU (pure torch without them).
-        self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
         self.quantization = apply_quantization(self.model, mc.quantization, self.dtype, self.device,
                                                tuning, self.native)
         self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device,

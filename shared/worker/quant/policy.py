@@ -35,11 +35,15 @@ def checkpoint_is_int4(model: nn.Module) -> bool:
 
 
 def resolve_dtype(name: str, device: torch.device, arch: ArchConfig,
-                  tuning_cache: Path | None) -> torch.dtype:
-    """``--dtype``: auto is bf16 on CUDA and, on CPU, whichever of bf16 and fp32 measures faster
-    for this model's matmuls (CPUs with AVX-512 BF16 favour bf16; AVX2-only ones fp32)."""
+                  tuning_cache: Path | None, native: bool = False) -> torch.dtype:
+    """``--dtype``: auto is bf16 on CUDA. On CPU with the native kernels it is float32: their
+    decode step runs float32 activations, and ``--quantization auto`` still gives the batched
+    matmuls bf16 weights where those measure faster. Without them, whichever of bf16 and fp32
+    measures faster for this model's matmuls (AVX-512 BF16 favours bf16; AVX2 fp32)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else faster_dense_dtype(arch, tuning_cache)
+        if device.type == "cuda":
+            return torch.bfloat16
+        return torch.float32 if native else faster_dense_dtype(arch, tuning_cache)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
@@ -55,7 +59,8 @@ def apply_quantization(model: nn.Module, mode: str, dtype: torch.dtype, device: 
         raise ValueError(f"--quantization {mode} runs on CPU only (use none or auto on {device.type})")
     exact_int4 = mode == "auto" and checkpoint_is_int4(model)
     if mode == "auto":
-        candidates = [*AUTO_CANDIDATES, *(["int4"] if exact_int4 else [])]
+        candidates = [*AUTO_CANDIDATES, *(["int4"] if exact_int4 else []),
+                      *(["bf16"] if dtype == torch.float32 else [])]
         dispatch = tuned_dispatch(model.arch, candidates, dtype, tuning_cache, native)
     else:
         dispatch = Dispatch.single(mode)

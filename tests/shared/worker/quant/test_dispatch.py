@@ -14,7 +14,7 @@ from shared.worker.models.layers import Linear
 from shared.worker.quant import tuning
 from shared.worker.quant.formats import Int4, pack
 from shared.worker.quant.linear import Dispatch, QuantLinear, quantize_model
-from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4
+from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4, resolve_dtype
 from tests.kernels import helpers
 
 
@@ -159,6 +159,24 @@ def test_dense_dtype_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) ->
         assert tuning.faster_dense_dtype(arch, None) == fast
 
 
+def test_cpu_dtype_is_float32_with_the_native_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    arch = tiny_model(torch.float32).arch
+    monkeypatch.setattr("shared.worker.quant.policy.faster_dense_dtype", lambda arch, cache: torch.bfloat16)
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, arch, None, native=True) == torch.float32
+    assert resolve_dtype("auto", cpu, arch, None, native=False) == torch.bfloat16   # measured
+    assert resolve_dtype("bfloat16", cpu, arch, None, native=True) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), arch, None) == torch.bfloat16
+
+
+def test_bf16_weights_under_float32_activations() -> None:
+    w, x = torch.randn(48, 64), torch.randn(5, 64)
+    fmt = pack("bf16", w, torch.float32)
+    y = fmt.matmul(x)
+    assert y.dtype == torch.float32 and fmt.weight.dtype == torch.bfloat16 and fmt.native_mat() is None
+    torch.testing.assert_close(y, x.to(torch.bfloat16).float() @ fmt.dequantize().t(), atol=3e-2, rtol=3e-2)
+
+
 def test_timing_stops_at_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuning, "_time_layers", lambda layers, xs, m: 1.0)
     times = tuning.measure([(32, 32, 1)], ["none", "int8"], torch.float32, rows=(1, 2, 4), budget_s=0)
@@ -202,7 +220,8 @@ def test_auto_takes_int4_only_for_a_4bit_checkpoint_and_only_where_exact(
     _as_int4_checkpoint(model)
     assert checkpoint_is_int4(model)
     d = apply_quantization(model, "auto", torch.float32, torch.device("cpu"), None)
-    assert asked[-1][-1] == "int4" and d.format_for(1) == "int4"
+    assert "int4" in asked[-1] and "int4" not in asked[0] and d.format_for(1) == "int4"
+    assert "bf16" in asked[-1]          # float32 activations: bf16 weights may win batched steps
     qkv = model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.formats["int4"], Int4) and qkv.dispatch.format_for(1) == "int4"
     # The (tied) lm_head is a float weight int4 would round: int8 there instead.
