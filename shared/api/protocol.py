@@ -58,6 +58,15 @@ Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+    continuous_usage_stats: Annotated[bool, Meta(
+        description="vLLM's extension: with include_usage, usage on every chunk")] | None = None
+
+
+# OpenAI's logit_bias: token id (as a string key) -> bias added to its logit.
+LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]],
+                      Meta(max_length=300, description="token id -> bias in [-100, 100]")]
+PromptLogprobs = Annotated[int, Meta(ge=0, description="vLLM's extension; not with stream"),
+                           config_max("max_logprobs")]
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -84,6 +93,8 @@ class _Common(msgspec.Struct, kw_only=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: LogitBias | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
