@@ -132,7 +132,53 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[TokenId]
 
 
-REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+class InputContent(msgspec.Struct):
+    type: Literal["input_text", "output_text"]   # text only: this server has no vision model
+    text: str
+
+
+class ResponseInputItem(msgspec.Struct, kw_only=True):
+    """A message (type omitted or "message"), a function_call or a function_call_output."""
+
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Role | None = None
+    content: str | list[InputContent] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class TextFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_schema", "json_object"]
+
+
+class ResponseText(msgspec.Struct, kw_only=True):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """POST /v1/responses. store (default true) keeps the response in a bounded in-memory
+    store for GET /v1/responses/{id} and previous_response_id. Unknown fields are ignored."""
+
+    model: str | None = None
+    input: Text | Annotated[list[ResponseInputItem], Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    stream: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    text: ResponseText | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest,
+                 ResponsesRequest)
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.?(.*)`$")

@@ -24,6 +24,7 @@ from shared.api.requests import check_model, check_token_ids, render_chat
 from shared.api.serving import json_response
 from shared.api.serving_chat import ChatServing
 from shared.api.serving_completion import CompletionServing
+from shared.api.serving_responses import ResponsesServing
 from shared.api.state import AppState
 from shared.config import ServerConfig
 from shared.errors import ParamError
@@ -137,7 +138,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
     state = AppState.create(engine, config)
     g = _guarded
+    responses = ResponsesServing(state)
     routes = [
+        Route("/v1/responses", g(responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", g(responses.get), methods=["GET"]),
         Route("/v1/chat/completions", g(ChatServing(state)), methods=["POST"]),
         Route("/v1/completions", g(CompletionServing(state)), methods=["POST"]),
         Route("/v1/models", g(models), methods=["GET"]),

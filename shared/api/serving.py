@@ -107,6 +107,7 @@ class _FanOutSSE(EventSourceResponse):
 
 class Serving:
     id_prefix = ""
+    id_sep = "-"
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -125,7 +126,7 @@ class Serving:
         raise NotImplementedError
 
     async def __call__(self, request: Request) -> Response:
-        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        request_id = f"{self.id_prefix}{self.id_sep}{uuid.uuid4().hex}"
         st = self.state
         trace = start_trace(st.tracer, st.traces, st.config, request, request_id, self.__call__)
         try:
