@@ -86,6 +86,11 @@ class ServerConfig:
     max_stop_strings: int = 16
     max_logprobs: int = 20
     max_n: int = 16
+    responses_store_size: int = 100   # /v1/responses kept for GET and previous_response_id
+    allowed_origins: str | None = None    # CORS, comma-separated or a JSON list; None: CORS off
+    allowed_methods: str = "*"
+    allowed_headers: str = "*"
+    allow_credentials: bool = False
     trace: bool = False               # trace every request's lifecycle (/debug/lifecycle)
     trace_decode: bool = False        # traces keep every decode step instead of a summary
 

@@ -33,6 +33,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = {}   # token id -> added to its logit before sampling
 
     def __post_init__(self) -> None:
         _check(self.n >= 1, "n", "n must be at least 1")
@@ -55,6 +56,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                "prompt_logprobs must be >= 0")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "stop_token_ids must be >= 0")
+        _check(len(self.logit_bias) <= 300 and all(
+            t >= 0 and math.isfinite(v) and -100 <= v <= 100 for t, v in self.logit_bias.items()),
+            "logit_bias", "logit_bias: at most 300 token ids >= 0, biases in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

@@ -66,20 +66,30 @@ class CompletionLogprobs:
         self.texts = texts
         self.offset = offset
 
-    def prompt(self, token_ids: list[int]) -> dict:
-        """Echoed prompt tokens: their logprobs are not computed, so they are null."""
+    def prompt(self, token_ids: list[int], scored: list[TokenLogprobs | None] | None,
+               k: int) -> dict:
+        """Echoed prompt tokens: the first has no logprob (null), as OpenAI and vLLM."""
         tokens = [self.texts.get(t)[0] for t in token_ids]
-        return self._block(tokens, [None] * len(tokens), [None] * len(tokens))
+        if scored is None or len(scored) != len(token_ids):
+            return self._block(tokens, [None] * len(tokens), [None] * len(tokens))
+        values, tops = [], []
+        for tok, lp in zip(tokens, scored):
+            values.append(None if lp is None else lp.logprob)
+            tops.append(None if lp is None else self._top(tok, lp, k))
+        return self._block(tokens, values, tops)
 
     def delta(self, items: list[TokenLogprobs]) -> dict:
         tokens, values, tops = [], [], []
         for lp in items:
             tokens.append(self.texts.get(lp.token_id)[0])
             values.append(lp.logprob)
-            top = {self.texts.get(t)[0]: v for t, v in zip(lp.top_ids, lp.top_logprobs)}
-            top.setdefault(tokens[-1], lp.logprob)
-            tops.append(top)
+            tops.append(self._top(tokens[-1], lp, len(lp.top_ids)))
         return self._block(tokens, values, tops)
+
+    def _top(self, token: str, lp: TokenLogprobs, k: int) -> dict:
+        top = {self.texts.get(t)[0]: v for t, v in zip(lp.top_ids[:k], lp.top_logprobs[:k])}
+        top.setdefault(token, lp.logprob)
+        return top
 
     def _block(self, tokens: list[str], values: list, tops: list) -> dict:
         offsets = []
@@ -97,3 +107,20 @@ def merge_completion_logprobs(blocks: list[dict]) -> dict | None:
         for key in merged:
             merged[key].extend(block[key])
     return merged
+
+
+def vllm_prompt_logprobs(items: list[TokenLogprobs | None], texts: TokenText,
+                         k: int) -> list[dict | None]:
+    """vLLM's prompt_logprobs shape: per prompt token None (the first) or
+    {token id: {logprob, rank, decoded_token}} for the token itself and its top-k."""
+    out: list[dict | None] = []
+    for lp in items:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": v, "rank": r + 1, "decoded_token": texts.get(t)[0]}
+                 for r, (t, v) in enumerate(zip(lp.top_ids[:k], lp.top_logprobs[:k]))}
+        entry.setdefault(str(lp.token_id), {"logprob": lp.logprob, "rank": lp.rank,
+                                            "decoded_token": texts.get(lp.token_id)[0]})
+        out.append(entry)
+    return out

@@ -111,7 +111,22 @@ def _components(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
         **request_schemas(cfg, info), "Error": error, "Usage": usage,
         "ChatCompletion": _completion_object("chat.completion", chat_choice),
         "Completion": _completion_object("text_completion", text_choice),
+        "Response": _response_object(),
     }
+
+
+def _response_object() -> dict[str, Any]:
+    """OpenAI's response object as serving_responses.py builds it (message items only)."""
+    n = _int(0)
+    usage = {"type": "object", "properties": {
+        "input_tokens": n, "output_tokens": n, "total_tokens": n,
+        "input_tokens_details": {"type": "object", "properties": {"cached_tokens": n}}}}
+    return {"type": "object", "required": ["id", "object", "status", "output", "usage"],
+            "properties": {"id": {"type": "string", "pattern": "^resp_"},
+                           "object": {"const": "response"}, "created_at": n,
+                           "status": {"enum": ["completed", "incomplete"]},
+                           "output": {"type": "array", "items": {"type": "object"}},
+                           "usage": usage}}
 
 
 def _completion_object(obj: str, choice: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +142,14 @@ def _generate_op(summary: str, request: str, response: str) -> dict[str, Any]:
     return {"post": {"summary": summary, "security": [{"bearer": []}],
                      "requestBody": {"required": True, "content": _json(request)},
                      "responses": _responses(ok, *_GEN_ERRORS)}}
+
+
+def _responses_op() -> dict[str, Any]:
+    op = _generate_op("Responses API", "ResponsesRequest", "Response")
+    op["post"]["responses"]["200"]["description"] = (
+        "The response; with stream: true, typed server-sent events (event: response.created ... "
+        "response.completed, each with sequence_number), no [DONE]")
+    return op
 
 
 def _simple_get(summary: str, schema: dict[str, Any], *errors: int, media: str = "application/json",
@@ -156,6 +179,10 @@ def openapi_schema(cfg: ServerConfig, info: ModelInfo, model_name: str) -> dict[
     paths = {
         "/v1/chat/completions": _generate_op("Chat completion", "ChatCompletionRequest", "ChatCompletion"),
         "/v1/completions": _generate_op("Text completion", "CompletionRequest", "Completion"),
+        "/v1/responses": _responses_op(),
+        "/v1/responses/{response_id}": _path_param(_simple_get(
+            "A stored response (bounded in-memory store)", {"$ref": _REF.format(name="Response")},
+            401, 404, secure=True), "response_id"),
         "/v1/models": _simple_get("The served model", obj, 401, secure=True),
         "/health": _simple_get("200 when the engine can serve", obj, 503),
         "/version": _simple_get("Server version and engine", obj),

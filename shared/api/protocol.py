@@ -58,6 +58,15 @@ Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+    continuous_usage_stats: Annotated[bool, Meta(
+        description="vLLM's extension: with include_usage, usage on every chunk")] | None = None
+
+
+# OpenAI's logit_bias: token id (as a string key) -> bias added to its logit.
+LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]],
+                      Meta(max_length=300, description="token id -> bias in [-100, 100]")]
+PromptLogprobs = Annotated[int, Meta(ge=0, description="vLLM's extension; not with stream"),
+                           config_max("max_logprobs")]
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -84,6 +93,8 @@ class _Common(msgspec.Struct, kw_only=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: LogitBias | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -121,7 +132,53 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[TokenId]
 
 
-REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+class InputContent(msgspec.Struct):
+    type: Literal["input_text", "output_text"]   # text only: this server has no vision model
+    text: str
+
+
+class ResponseInputItem(msgspec.Struct, kw_only=True):
+    """A message (type omitted or "message"), a function_call or a function_call_output."""
+
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Role | None = None
+    content: str | list[InputContent] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+
+
+class TextFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_schema", "json_object"]
+
+
+class ResponseText(msgspec.Struct, kw_only=True):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """POST /v1/responses. store (default true) keeps the response in a bounded in-memory
+    store for GET /v1/responses/{id} and previous_response_id. Unknown fields are ignored."""
+
+    model: str | None = None
+    input: Text | Annotated[list[ResponseInputItem], Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    stream: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    text: ResponseText | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+REQUEST_TYPES = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest,
+                 ResponsesRequest)
 
 T = TypeVar("T")
 _AT = re.compile(r" - at `\$\.?(.*)`$")

@@ -38,6 +38,8 @@ class Prepared:
     stream: bool
     include_usage: bool
     logprobs: int | None       # None: no logprobs in the response
+    continuous_usage: bool = False      # stream_options.continuous_usage_stats
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs field (None: not asked)
 
 
 def check_model(model: str | None, accepted: set[str]) -> None:
@@ -76,6 +78,8 @@ def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
         limit = fit_context(len(ids), req.max_tokens, info.max_model_len, "max_tokens", "prompt",
                             COMPLETION_DEFAULT_MAX_TOKENS)
         params = sampling_params(req, limit, req.logprobs, info, cfg)
+        if req.echo and req.logprobs is not None:   # echoed prompt tokens get their logprobs
+            params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
         jobs.append(Job(ids, params, text if req.echo else None))
     return _prepared(req, jobs, req.logprobs, cfg)
 
@@ -84,7 +88,13 @@ def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerCo
     n = 1 if req.n is None else req.n
     _check_max(n, cfg.max_n, "n")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Prepared(jobs, n, bool(req.stream), include_usage, logprobs)
+    # As vLLM: continuous usage only together with include_usage.
+    continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+    _check_max(req.prompt_logprobs, cfg.max_logprobs, "prompt_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise ParamError("prompt_logprobs is not supported with stream", param="prompt_logprobs")
+    return Prepared(jobs, n, bool(req.stream), include_usage, logprobs, continuous,
+                    req.prompt_logprobs)
 
 
 def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
@@ -164,10 +174,29 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: M
         "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
         "repetition_penalty": req.repetition_penalty, "min_tokens": min_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
-        "skip_special_tokens": req.skip_special_tokens,
+        "skip_special_tokens": req.skip_special_tokens, "prompt_logprobs": req.prompt_logprobs,
+        "logit_bias": logit_bias(req.logit_bias, info.vocab_size),
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's string keys -> token ids in the vocabulary (count and values: protocol.py)."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise ParamError(f"logit_bias keys must be token ids, got {key!r}",
+                             param="logit_bias") from None
+        if not 0 <= token_id < vocab_size:
+            raise ParamError(f"logit_bias token ids must be in [0, {vocab_size}), got {token_id}",
+                             param="logit_bias")
+        out[token_id] = value
+    return out
 
 
 def _check_max(value: int | None, hi: int, param: str) -> None:

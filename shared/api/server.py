@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -12,6 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,6 +26,7 @@ from shared.api.requests import check_model, check_token_ids, render_chat
 from shared.api.serving import json_response
 from shared.api.serving_chat import ChatServing
 from shared.api.serving_completion import CompletionServing
+from shared.api.serving_responses import ResponsesServing
 from shared.api.state import AppState
 from shared.config import ServerConfig
 from shared.errors import ParamError
@@ -134,10 +137,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+def _names(text: str) -> list[str]:
+    """A CORS flag: 'a,b' or vLLM's JSON list '["a", "b"]'."""
+    if text.strip().startswith("["):
+        return [str(v) for v in json.loads(text)]
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
 def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
     state = AppState.create(engine, config)
     g = _guarded
+    responses = ResponsesServing(state)
     routes = [
+        Route("/v1/responses", g(responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", g(responses.get), methods=["GET"]),
         Route("/v1/chat/completions", g(ChatServing(state)), methods=["POST"]),
         Route("/v1/completions", g(CompletionServing(state)), methods=["POST"]),
         Route("/v1/models", g(models), methods=["GET"]),
@@ -151,7 +164,13 @@ def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
         Route("/debug/lifecycle/{request_id}", g(lifecycle), methods=["GET"]),
         Route("/openapi.json", g(openapi), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(AuthMiddleware, api_key=config.api_key)],
+    middleware = [Middleware(AuthMiddleware, api_key=config.api_key)]
+    if config.allowed_origins:      # outermost: a browser's preflight carries no API key
+        middleware.insert(0, Middleware(
+            CORSMiddleware, allow_origins=_names(config.allowed_origins),
+            allow_methods=_names(config.allowed_methods), allow_headers=_names(config.allowed_headers),
+            allow_credentials=config.allow_credentials))
+    app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={HTTPException: _http_error})
     app.state.twinserve = state
     return app

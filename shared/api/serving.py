@@ -41,6 +41,7 @@ class Choice:
     finish_reason: str | None = None
     legacy_lp: CompletionLogprobs | None = None   # completions only
     legacy_blocks: list[dict] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None   # on the first output
 
 
 @dataclass
@@ -53,17 +54,26 @@ class Ctx:
     prepared: Prepared
     choices: dict[int, Choice] = field(default_factory=dict)
     trace: HttpTrace | None = None        # set when this request's lifecycle is traced
+    cached: dict[int, int] = field(default_factory=dict)   # job index -> prefix-cache hit tokens
 
     def choice(self, index: int) -> Choice:
         if index not in self.choices:
             self.choices[index] = Choice(index)
         return self.choices[index]
 
+    def observe(self, index: int, out: RequestOutput) -> None:
+        """What every endpoint records of an output before shaping it: cache hits, prompt lps."""
+        job = index // self.prepared.n
+        self.cached[job] = max(self.cached.get(job, 0), out.num_cached_tokens)
+        if out.prompt_logprobs is not None:
+            self.choice(index).prompt_logprobs = out.prompt_logprobs
+
     def usage(self) -> dict:
         prompt = sum(len(job.prompt_ids) for job in self.prepared.jobs)
         completion = sum(c.num_tokens for c in self.choices.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
 
 
 def finish_reason(out: RequestOutput) -> str | None:
@@ -97,6 +107,7 @@ class _FanOutSSE(EventSourceResponse):
 
 class Serving:
     id_prefix = ""
+    id_sep = "-"
 
     def __init__(self, state: AppState) -> None:
         self.state = state
@@ -115,7 +126,7 @@ class Serving:
         raise NotImplementedError
 
     async def __call__(self, request: Request) -> Response:
-        request_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        request_id = f"{self.id_prefix}{self.id_sep}{uuid.uuid4().hex}"
         st = self.state
         trace = start_trace(st.tracer, st.traces, st.config, request, request_id, self.__call__)
         try:
@@ -149,6 +160,7 @@ class Serving:
 
     async def _collect(self, ctx: Ctx, item: tuple[int, RequestOutput] | None, fan: FanOut) -> None:
         while item is not None:
+            ctx.observe(*item)
             self.on_output(ctx, *item)
             item = await fan.next()
 
@@ -156,8 +168,11 @@ class Serving:
                       fan: FanOut) -> AsyncIterator[str]:
         try:
             while item is not None:
+                ctx.observe(*item)
                 chunks = self.on_output(ctx, *item)
                 for chunk in chunks:
+                    if ctx.prepared.continuous_usage:   # vLLM's usage-so-far on every chunk
+                        chunk["usage"] = ctx.usage()
                     yield encode(chunk)
                 if ctx.trace is not None:
                     ctx.trace.sent(item[0], len(chunks), ctx.choice(item[0]).num_tokens > 1,

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: OpenAI's chat.completion and chat.completion.chunk shapes."""
 from __future__ import annotations
 
-from shared.api.logprobs import chat_logprobs
+from shared.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from shared.api.protocol import ChatCompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_chat
 from shared.api.serving import Ctx, Serving, finish_reason
@@ -60,5 +60,10 @@ class ChatServing(Serving):
                 lps = {"content": chat_logprobs(c.logprobs, self.state.texts)}
             choices.append({"index": index, "message": {"role": "assistant", "content": "".join(c.text)},
                             "logprobs": lps, "finish_reason": c.finish_reason})
-        return {"id": ctx.id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-                "choices": choices, "usage": ctx.usage()}
+        body = {"id": ctx.id, "object": "chat.completion", "created": ctx.created,
+                "model": ctx.model, "choices": choices, "usage": ctx.usage()}
+        if ctx.prepared.prompt_logprobs is not None:    # vLLM's extension, one prompt per chat
+            first = ctx.choices[min(ctx.choices)].prompt_logprobs or []
+            body["prompt_logprobs"] = vllm_prompt_logprobs(first, self.state.texts,
+                                                           ctx.prepared.prompt_logprobs)
+        return body

@@ -1,7 +1,7 @@
 """POST /v1/completions: OpenAI's legacy text_completion shape, with echo and logprobs."""
 from __future__ import annotations
 
-from shared.api.logprobs import CompletionLogprobs, merge_completion_logprobs
+from shared.api.logprobs import CompletionLogprobs, merge_completion_logprobs, vllm_prompt_logprobs
 from shared.api.protocol import CompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_completion
 from shared.api.serving import Choice, Ctx, Serving, finish_reason
@@ -52,7 +52,8 @@ class CompletionServing(Serving):
         choice.text.append(job.prompt_text)
         if choice.legacy_lp is None:
             return job.prompt_text, None
-        block = choice.legacy_lp.prompt(job.prompt_ids)
+        block = choice.legacy_lp.prompt(job.prompt_ids, choice.prompt_logprobs,
+                                        ctx.prepared.logprobs or 0)
         choice.legacy_blocks.append(block)
         return job.prompt_text, block
 
@@ -68,6 +69,9 @@ class CompletionServing(Serving):
                             "logprobs": merge_completion_logprobs(c.legacy_blocks)
                             if ctx.prepared.logprobs is not None else None,
                             "finish_reason": c.finish_reason})
+            if ctx.prepared.prompt_logprobs is not None:    # vLLM's extension
+                choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(
+                    c.prompt_logprobs or [], self.state.texts, ctx.prepared.prompt_logprobs)
         return {"id": ctx.id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
                 "choices": choices, "usage": ctx.usage()}
 

@@ -24,6 +24,13 @@ HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on /v1/* (env: TWINSERVE_API_KEY)",
     "max_waiting_requests": "queued requests beyond this get HTTP 429",
     "max_body_bytes": "request bodies larger than this get HTTP 413",
+    "responses_store_size": "most /v1/responses kept in memory (store: true) for GET "
+                            "/v1/responses/{id} and previous_response_id; 0: store is refused",
+    "allowed_origins": "CORS: origins allowed, comma-separated or a JSON list ('*': any); "
+                       "unset: no CORS headers",
+    "allowed_methods": "CORS: methods allowed (with --allowed-origins)",
+    "allowed_headers": "CORS: request headers allowed (with --allowed-origins)",
+    "allow_credentials": "CORS: allow credentials (with --allowed-origins)",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",

@@ -1,7 +1,7 @@
 """Next-token sampling for a batch of sequences (lifecycle step 11).
 
-Order of operations, per row: penalties -> greedy argmax, or temperature -> min-p ->
-top-k -> top-p -> draw. Logprobs are read from the raw model logits (vLLM v1's default),
+Order of operations, per row: penalties -> logit_bias -> greedy argmax, or temperature ->
+min-p -> top-k -> top-p -> draw. Logprobs are read from the raw model logits (vLLM v1's default),
 so they describe the model, not the sampling filters.
 """
 from __future__ import annotations
@@ -54,6 +54,23 @@ def block_stop_tokens(logits: torch.Tensor, requests: list[Request]) -> torch.Te
     return logits
 
 
+def apply_logit_bias(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """OpenAI's logit_bias, every row's entries in one scatter-add (no per-row kernels)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for i, r in enumerate(requests):
+        for token_id, bias in r.sampling_params.logit_bias.items():
+            rows.append(i)
+            cols.append(token_id)
+            vals.append(bias)
+    if not rows:
+        return logits
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    values = torch.tensor(vals, dtype=logits.dtype, device=logits.device)
+    return logits.index_put(index, values, accumulate=True)
+
+
 class Sampler:
     """Stateless except for one ``torch.Generator`` per seeded request."""
 
@@ -69,6 +86,7 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         if meta.penalties is not None:
             logits = apply_penalties(logits, meta.penalties)
+        logits = apply_logit_bias(logits, requests)
         logits = block_stop_tokens(logits, requests)
         token_ids = self._pick(logits, meta, requests)
         if raw_logprobs is None:

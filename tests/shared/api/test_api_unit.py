@@ -63,7 +63,8 @@ def test_fan_out_ids_and_seeds():
     assert sorted(rid for rid, _ in engine.calls) == sorted(f"{base}-{i}" for i in range(6))
     seeds = {rid: p.seed for rid, p in engine.calls}
     assert [seeds[f"{base}-{i}"] for i in range(6)] == [10, 11, 12, 10, 11, 12]
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_default_max_tokens():

@@ -20,7 +20,8 @@ from tests.shared.api.fake_engine import FakeEngine
 _PREFIX = "#/components/schemas/"
 # Base bodies that succeed; each bound test changes one field of them.
 _BASE = {"ChatCompletionRequest": (CHAT, {"messages": HELLO, "max_tokens": 2}),
-         "CompletionRequest": (COMPLETIONS, {"prompt": "ab", "max_tokens": 2})}
+         "CompletionRequest": (COMPLETIONS, {"prompt": "ab", "max_tokens": 2}),
+         "ResponsesRequest": ("/v1/responses", {"input": "ab", "max_output_tokens": 2})}
 _NEEDS = {"top_logprobs": {"logprobs": True}}   # a rule across fields, not a bound
 
 
