@@ -11,6 +11,9 @@ import msgspec
 from shared.errors import ParamError
 from shared.trace.tracer import TraceEvent
 
+# Below this, logits / temperature overflows to inf/NaN: treat as greedy (vLLM's bound).
+GREEDY_EPSILON = 1e-5
+
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How one request is decoded. Field names follow vLLM's SamplingParams."""
@@ -62,7 +65,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_EPSILON
 
     def for_child(self, index: int) -> SamplingParams:
         """Params of choice ``index`` when n > 1 fans out into n sequences (seed + index)."""

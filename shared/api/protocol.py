@@ -10,6 +10,7 @@ field may be null (= default).
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -187,8 +188,28 @@ _BOUND = re.compile(r"^Expected `[^`]+` (of length )?[<>]")   # a Meta constrain
 _INDEX = re.compile(r"(\[\d+\])+$")
 
 
+# Hostile-input bounds checked before msgspec builds anything: far past any real request
+# (a prompt of token ids is one flat list), low enough that decoding stays cheap.
+MAX_JSON_DEPTH = 64
+MAX_JSON_ELEMENTS = 500_000
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def check_json_shape(body: bytes) -> None:
+    """400 for a body nested deeper than MAX_JSON_DEPTH or with more than MAX_JSON_ELEMENTS."""
+    bare = _STRING.sub(b'""', body)
+    if bare.count(b",") + bare.count(b"[") + bare.count(b"{") > MAX_JSON_ELEMENTS:
+        raise APIError(400, f"request body has more than {MAX_JSON_ELEMENTS} JSON elements")
+    brackets = bare.translate(None, _NOT_BRACKET)
+    depth = max(accumulate(1 if c in b"[{" else -1 for c in brackets), default=0)
+    if depth > MAX_JSON_DEPTH:
+        raise APIError(400, f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+
+
 def decode_body(body: bytes, cls: type[T]) -> T:
     """JSON body -> Struct; malformed JSON, wrong types, bounds and missing fields become 400s."""
+    check_json_shape(body)
     try:
         try:
             return msgspec.json.decode(body, type=cls)

@@ -68,6 +68,7 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
 def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
                        cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
     _check_max(req.logprobs, cfg.max_logprobs, "logprobs")
+    _check_choices(req, cfg)
     jobs = []
     prompts = prompt_token_ids(req.prompt, tok, info.vocab_size)
     if trace is not None:
@@ -82,6 +83,18 @@ def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
             params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
         jobs.append(Job(ids, params, text if req.echo else None))
     return _prepared(req, jobs, req.logprobs, cfg)
+
+
+def _check_choices(req: CompletionRequest, cfg: ServerConfig) -> None:
+    """Prompts x n capped before anything is tokenized or allocated per choice: past the
+    admission queue's size such a request could never run, and would only cost memory."""
+    _check_max(req.n, cfg.max_n, "n")
+    prompt = req.prompt
+    count = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+    choices = count * (1 if req.n is None else req.n)
+    if choices > cfg.max_waiting_requests:
+        raise ParamError(f"prompts x n is {choices}, more than the server's limit of "
+                         f"{cfg.max_waiting_requests} (max_waiting_requests)", param="prompt")
 
 
 def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerConfig) -> Prepared:

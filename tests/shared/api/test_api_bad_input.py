@@ -113,3 +113,40 @@ def test_invalid_content_length(server):
 def test_still_serving_after_bad_input(client):
     r = client.post(CHAT, json={**M, "max_tokens": 1})
     assert r.status_code == 200
+
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"role": "user", "content": "hi"}], "junk": ' + DEEP + b"}",   # unknown field
+    b'{"messages": ' + DEEP + b"}",                                                # accepted field
+    b'{"prompt": [' + b"1," * 500_001 + b"1]}",                                    # too many elements
+])
+def test_hostile_json_is_400(server, client, raw):
+    """Deep nesting and huge element counts are refused at decode time: 400, no traceback."""
+    for path in (CHAT, COMPLETIONS):
+        err = assert_error(client.post(path, content=raw,
+                                       headers={"Content-Type": "application/json"}), 400)
+        assert "nested deeper" in err["message"] or "JSON elements" in err["message"]
+    assert "Traceback" not in server.process.log_path.read_text()
+    assert client.post(CHAT, json={**M, "max_tokens": 1}).status_code == 200
+
+
+def test_prompts_times_n_capped(client):
+    """Prompts x n past the admission queue is a 400 before any per-choice work."""
+    err = assert_error(client.post(COMPLETIONS, json={"prompt": ["a"] * 200, "n": 2,
+                                                      "max_tokens": 1}), 400, "prompt")
+    assert "prompts x n is 400" in err["message"]
+    assert_error(client.post(COMPLETIONS, json={**P, "n": 1000}), 400, "n")
+
+
+def test_tiny_temperature_is_greedy(client):
+    """temperature below 1e-5 is greedy (not logits / 0.0 giving garbage): every sampled
+    token is the top-1 token (compared by logprobs, not by text across batch shapes)."""
+    body = {**M, "max_tokens": 8, "logprobs": True, "top_logprobs": 1}
+    for t in (1e-50, 1e-9, 1e-6):   # 1e-50 is 0.0 in float32
+        r = client.post(CHAT, json={**body, "temperature": t})
+        assert r.status_code == 200, r.text
+        for entry in r.json()["choices"][0]["logprobs"]["content"]:
+            assert entry["token"] == entry["top_logprobs"][0]["token"]
