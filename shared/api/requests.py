@@ -90,7 +90,7 @@ def _check_choices(req: CompletionRequest, cfg: ServerConfig) -> None:
     admission queue's size such a request could never run, and would only cost memory."""
     _check_max(req.n, cfg.max_n, "n")
     prompt = req.prompt
-    count = len(prompt) if isinstance(prompt, list) and not isinstance(prompt[0], int) else 1
+    count = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
     choices = count * (1 if req.n is None else req.n)
     if choices > cfg.max_waiting_requests:
         raise ParamError(f"prompts x n is {choices}, more than the server's limit of "
