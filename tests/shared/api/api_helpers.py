@@ -51,3 +51,8 @@ def wait_engine_idle(client: httpx.Client, timeout: float = 10.0) -> dict:
             return stats
         time.sleep(0.1)
     raise AssertionError(f"engine not idle after {timeout}s: {stats}")
+
+
+def model_id(oai) -> str:
+    """The served model's id, as a client finds it."""
+    return oai.models.list().data[0].id

@@ -1,6 +1,7 @@
 """A real twinserve server on loopback, one per engine, shared by the whole api suite."""
 from __future__ import annotations
 
+import openai
 import pytest
 
 from tests.server_util import ENGINES, Server, start_server, stop_server
@@ -21,3 +22,10 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def client(server: Server):
     with server.client() as c:
         yield c
+
+
+@pytest.fixture()
+def oai(server: Server) -> openai.OpenAI:
+    """The official openai client on the server."""
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
+                         timeout=60)

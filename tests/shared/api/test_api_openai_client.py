@@ -4,17 +4,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.shared.api.api_helpers import HELLO
-
-
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
-                         timeout=60)
-
-
-def _model(oai: openai.OpenAI) -> str:
-    return oai.models.list().data[0].id
+from tests.shared.api.api_helpers import HELLO, model_id
 
 
 def test_models_list(oai):
@@ -23,7 +13,7 @@ def test_models_list(oai):
 
 
 def test_chat(oai):
-    r = oai.chat.completions.create(model=_model(oai), messages=HELLO, max_tokens=5, temperature=0,
+    r = oai.chat.completions.create(model=model_id(oai), messages=HELLO, max_tokens=5, temperature=0,
                                     extra_body={"ignore_eos": True})
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
@@ -34,19 +24,19 @@ def test_chat(oai):
 
 def test_chat_stream_with_usage(oai):
     chunks = list(oai.chat.completions.create(
-        model=_model(oai), messages=HELLO, max_tokens=6, temperature=0, stream=True,
+        model=model_id(oai), messages=HELLO, max_tokens=6, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert chunks[-2].choices[0].finish_reason == "length"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    full = oai.chat.completions.create(model=_model(oai), messages=HELLO, max_tokens=6, temperature=0,
+    full = oai.chat.completions.create(model=model_id(oai), messages=HELLO, max_tokens=6, temperature=0,
                                        extra_body={"ignore_eos": True})
     assert text == full.choices[0].message.content   # greedy: stream and non-stream agree
 
 
 def test_chat_n_and_logprobs(oai):
-    r = oai.chat.completions.create(model=_model(oai), messages=HELLO, max_tokens=4, n=3, seed=7,
+    r = oai.chat.completions.create(model=model_id(oai), messages=HELLO, max_tokens=4, n=3, seed=7,
                                     logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert r.usage.completion_tokens == 12
@@ -58,7 +48,7 @@ def test_chat_n_and_logprobs(oai):
 
 
 def test_completion(oai):
-    r = oai.completions.create(model=_model(oai), prompt="The capital of France is", max_tokens=4,
+    r = oai.completions.create(model=model_id(oai), prompt="The capital of France is", max_tokens=4,
                                temperature=0, extra_body={"ignore_eos": True})
     assert r.id.startswith("cmpl-") and r.object == "text_completion"
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
@@ -66,7 +56,7 @@ def test_completion(oai):
 
 def test_completion_stream_multi_prompt(oai):
     chunks = list(oai.completions.create(
-        model=_model(oai), prompt=["Once upon", "The sky is"], max_tokens=3, n=2, stream=True,
+        model=model_id(oai), prompt=["Once upon", "The sky is"], max_tokens=3, n=2, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
     finished = {c.choices[0].index: c.choices[0].finish_reason for c in chunks
                 if c.choices and c.choices[0].finish_reason}
@@ -75,11 +65,11 @@ def test_completion_stream_multi_prompt(oai):
 
 
 def test_completion_stop_string(oai):
-    base = oai.completions.create(model=_model(oai), prompt="1, 2, 3, 4,", max_tokens=12,
+    base = oai.completions.create(model=model_id(oai), prompt="1, 2, 3, 4,", max_tokens=12,
                                   temperature=0, extra_body={"ignore_eos": True})
     text = base.choices[0].text
     stop = text.strip()[:2] or text[:1]
-    r = oai.completions.create(model=_model(oai), prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+    r = oai.completions.create(model=model_id(oai), prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
                                stop=[stop], extra_body={"ignore_eos": True})
     assert r.choices[0].finish_reason == "stop"
     assert stop not in r.choices[0].text
@@ -88,7 +78,7 @@ def test_completion_stop_string(oai):
 
 def test_bad_request_raises(oai):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model=_model(oai), messages=HELLO, temperature=-1)
+        oai.chat.completions.create(model=model_id(oai), messages=HELLO, temperature=-1)
     assert e.value.body["param"] == "temperature"
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(model="no-such-model", messages=HELLO, max_tokens=1)

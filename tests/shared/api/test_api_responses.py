@@ -3,27 +3,16 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
-from tests.shared.api.api_helpers import assert_error, sse_data, wait_engine_idle
+from tests.shared.api.api_helpers import assert_error, model_id, sse_data, wait_engine_idle
 
 RESPONSES = "/v1/responses"
 MSG = [{"role": "user", "content": [{"type": "input_text", "text": "Say hello."}]}]
 
 
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
-                         timeout=60)
-
-
-def _model(oai: openai.OpenAI) -> str:
-    return oai.models.list().data[0].id
-
-
 def test_create_string_input(oai):
-    r = oai.responses.create(model=_model(oai), input="Say hello.", instructions="Be brief.",
+    r = oai.responses.create(model=model_id(oai), input="Say hello.", instructions="Be brief.",
                              max_output_tokens=200, temperature=0)
     assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
     assert len(r.output) == 1 and r.output[0].type == "message" and r.output[0].role == "assistant"
@@ -35,13 +24,13 @@ def test_create_string_input(oai):
 
 
 def test_max_output_tokens_is_incomplete(oai):
-    r = oai.responses.create(model=_model(oai), input=MSG, max_output_tokens=3, temperature=0)
+    r = oai.responses.create(model=model_id(oai), input=MSG, max_output_tokens=3, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 3
 
 
 def test_stream_matches_create(oai):
-    model = _model(oai)
+    model = model_id(oai)
     full = oai.responses.create(model=model, input=MSG, max_output_tokens=200, temperature=0)
     with oai.responses.stream(model=model, input=MSG, max_output_tokens=200, temperature=0) as s:
         events = list(s)
@@ -68,7 +57,7 @@ def test_raw_stream_has_event_lines_and_no_done(server):
 
 
 def test_store_retrieve_and_previous_response_id(oai):
-    model = _model(oai)
+    model = model_id(oai)
     first = oai.responses.create(model=model, input="My name is Ada.", max_output_tokens=8)
     got = oai.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text
@@ -81,7 +70,7 @@ def test_store_retrieve_and_previous_response_id(oai):
 
 
 def test_store_false_is_not_kept(oai, client):
-    r = oai.responses.create(model=_model(oai), input="Hi", max_output_tokens=2, store=False)
+    r = oai.responses.create(model=model_id(oai), input="Hi", max_output_tokens=2, store=False)
     assert_error(client.get(f"{RESPONSES}/{r.id}"), 404, "response_id")
 
 

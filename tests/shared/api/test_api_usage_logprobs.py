@@ -3,22 +3,11 @@ from __future__ import annotations
 
 import uuid
 
-import openai
 import pytest
 
-from tests.shared.api.api_helpers import CHAT, COMPLETIONS, HELLO, assert_error, stream_events
+from tests.shared.api.api_helpers import CHAT, COMPLETIONS, HELLO, assert_error, model_id, stream_events
 
 BLOCK = 16      # the server's default block_size
-
-
-@pytest.fixture()
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
-                         timeout=60)
-
-
-def _model(oai: openai.OpenAI) -> str:
-    return oai.models.list().data[0].id
 
 
 def _system() -> str:
@@ -28,8 +17,8 @@ def _system() -> str:
 
 def test_chat_cached_tokens_on_second_request(oai):
     msgs = [{"role": "system", "content": _system()}, *HELLO]
-    first = oai.chat.completions.create(model=_model(oai), messages=msgs, max_tokens=2, temperature=0)
-    second = oai.chat.completions.create(model=_model(oai), messages=msgs, max_tokens=2, temperature=0)
+    first = oai.chat.completions.create(model=model_id(oai), messages=msgs, max_tokens=2, temperature=0)
+    second = oai.chat.completions.create(model=model_id(oai), messages=msgs, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached % BLOCK == 0 and first.usage.prompt_tokens - BLOCK <= cached < first.usage.prompt_tokens
@@ -46,7 +35,7 @@ def test_completion_cached_tokens_streamed_usage(client):
 
 def test_continuous_usage_stats_on_every_chunk(oai):
     chunks = list(oai.chat.completions.create(
-        model=_model(oai), messages=HELLO, max_tokens=5, temperature=0, stream=True,
+        model=model_id(oai), messages=HELLO, max_tokens=5, temperature=0, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True},
         extra_body={"ignore_eos": True}))
     assert all(c.usage is not None for c in chunks)
@@ -64,7 +53,7 @@ def test_continuous_usage_needs_include_usage(client):
 
 def test_logit_bias_forces_a_token(oai, client):
     token = client.post("/tokenize", json={"prompt": " banana"}).json()["tokens"][-1]
-    r = oai.completions.create(model=_model(oai), prompt="My favourite fruit is", max_tokens=3,
+    r = oai.completions.create(model=model_id(oai), prompt="My favourite fruit is", max_tokens=3,
                                temperature=0, logit_bias={str(token): 100})
     want = client.post("/detokenize", json={"tokens": [token] * 3}).json()["prompt"]
     assert r.choices[0].text == want
@@ -112,7 +101,7 @@ def test_prompt_logprobs_completions_and_chat(oai, client):
     for tid, entry in zip(ids[1:], plp[1:]):
         assert str(tid) in entry and 3 <= len(entry) <= 4
         assert all(v["logprob"] <= 0 and v["rank"] >= 1 for v in entry.values())
-    chat = oai.chat.completions.create(model=_model(oai), messages=HELLO, max_tokens=1,
+    chat = oai.chat.completions.create(model=model_id(oai), messages=HELLO, max_tokens=1,
                                        extra_body={"prompt_logprobs": 0})
     assert chat.model_extra["prompt_logprobs"][0] is None
     assert all(len(e) == 1 for e in chat.model_extra["prompt_logprobs"][1:])
