@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from shared.worker.models.layers import Linear
-from shared.worker.quant.formats import Int4, WeightFormat, pack
+from shared.worker.quant.formats import WeightFormat, pack
+from shared.worker.quant.int4 import Int4
 
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels

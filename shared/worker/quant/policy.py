@@ -10,7 +10,7 @@ from torch import nn
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.models.layers import Linear
 from shared.worker.native.build import NativeKernels
-from shared.worker.quant.formats import Int4
+from shared.worker.quant.int4 import Int4
 from shared.worker.quant.linear import Dispatch, quantize_model
 from shared.worker.quant.tuning import faster_dense_dtype, tuned_dispatch
 

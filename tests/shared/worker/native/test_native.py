@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from shared.worker.native.build import NativeKernels, build, isa_flags, load_native
-from shared.worker.quant.formats import Q4Blocks, WeightFormat, pack
+from shared.worker.quant.formats import WeightFormat, pack
+from shared.worker.quant.int4 import Q4Blocks
 
 
 @pytest.fixture(scope="module")

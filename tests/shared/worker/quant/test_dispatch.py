@@ -12,7 +12,8 @@ import torch
 
 from shared.worker.models.layers import Linear
 from shared.worker.quant import tuning
-from shared.worker.quant.formats import Int4, pack
+from shared.worker.quant.formats import pack
+from shared.worker.quant.int4 import Int4
 from shared.worker.quant.linear import Dispatch, QuantLinear, quantize_model
 from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4, resolve_dtype
 from tests.kernels import helpers
