@@ -8,14 +8,27 @@ Token ``t`` of a request lives in slot ``t % block_size`` of block ``table[t // 
 A full block's hash chains its parent's hash with its own tokens, so equal hashes mean equal
 prefixes, not just equal blocks:
 
-    h0 = hash(SEED, (t0..t3))   h1 = hash(h0, (t4..t7))   block 5 is not full: no hash
+    h0 = H(ROOT, (t0..t3))   h1 = H(h0, (t4..t7))   block 5 is not full: no hash
+
+H is SHA-256 (truncated to 128 bits) of the parent and the token ids: a prefix hit reuses
+another request's KV, so a hash one could collide on purpose (Python's ``hash`` of a tuple) would
+let crafted prompts read other users' blocks (the class of vLLM's CVE-2025-25183).
 """
 from __future__ import annotations
+
+import hashlib
+from array import array
 
 from shared.core.block_pool import BlockPool
 from shared.core.request import Request
 
-_ROOT_HASH = 0x7477696E   # parent "hash" of a request's first block
+_ROOT_HASH = int.from_bytes(hashlib.sha256(b"twinserve prefix cache v1").digest()[:16], "little")
+
+
+def chain_hash(parent: int, tokens: list[int]) -> int:
+    """128 bits of SHA-256 over the parent's hash and the block's token ids."""
+    digest = hashlib.sha256(parent.to_bytes(16, "little") + array("q", tokens).tobytes()).digest()
+    return int.from_bytes(digest[:16], "little")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -148,5 +161,5 @@ class KVCacheManager:
         while len(hashes) < num_full:
             i = len(hashes)
             parent = hashes[-1] if hashes else _ROOT_HASH
-            hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
+            hashes.append(chain_hash(parent, tokens[i * bs:(i + 1) * bs]))
         return hashes[:num_full]

@@ -109,6 +109,21 @@ def test_chain_hash_needs_the_same_prefix() -> None:
     assert kv.get_computed_blocks(make_request("c", [5, 6, 7, 8, 9])) == ([], 0)
 
 
+def test_colliding_python_hashes_never_share_a_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Force every Python hash() in the cache module to collide (what a crafted prompt could do to
+    # hash() of a tuple): different blocks must still never resolve to each other's KV.
+    import shared.core.kv_cache as kv_cache
+
+    monkeypatch.setattr(kv_cache, "hash", lambda _: 0, raising=False)
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    prefill(kv, make_request("victim", [11, 12, 13, 14, 15, 16, 17, 18, 19]))
+    assert kv.get_computed_blocks(make_request("attacker", [91, 92, 93, 94, 95, 96, 97, 98, 99])) == ([], 0)
+    assert kv.get_computed_blocks(make_request("same", [11, 12, 13, 14, 15]))[1] == 4   # real hits stay
+    # Distinct chains, distinct 128-bit keys; equal inputs, equal keys.
+    assert kv_cache.chain_hash(1, [1, 2]) != kv_cache.chain_hash(1, [2, 1]) != kv_cache.chain_hash(2, [1, 2])
+    assert kv_cache.chain_hash(7, [3, 4]) == kv_cache.chain_hash(7, [3, 4])
+
+
 def test_eviction_is_least_recently_freed_first_and_hits_revive() -> None:
     kv = KVCacheManager(num_blocks=6, block_size=BS)
     reqs = {n: make_request(n, [base + i for i in range(5)]) for n, base in
