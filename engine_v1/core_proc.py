@@ -59,7 +59,10 @@ class EngineCoreProc:
     def _input_loop(self) -> None:
         """Receive and decode frames off the main thread; zmq releases the GIL while waiting."""
         while True:
-            frames = [f.bytes for f in self.in_sock.recv_multipart(copy=False)]
+            try:
+                frames = [f.bytes for f in self.in_sock.recv_multipart(copy=False)]
+            except zmq.ContextTerminated:      # close() at shutdown: the expected end
+                return
             tag, payload = self.codec.decode(frames)
             if tag == wire.ADD and payload.trace:
                 self.core.tracer.event(payload.request_id, Step.SUBMITTED,
