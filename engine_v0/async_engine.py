@@ -66,7 +66,10 @@ class AsyncEngine(EngineFrontend):
 
     async def _step(self) -> None:
         batch = self.core.begin_step()                              # schedule, prepare inputs
-        if batch is None:  # nothing fits this step; let others run rather than spin
+        if batch is None:  # nothing fits (or grammars compile); let others run, do not spin
+            outputs = self.core.outputs_without_step()
+            if outputs.outputs:
+                self.process_engine_outputs(outputs)
             await asyncio.sleep(0.001)
             return
         logits = await asyncio.to_thread(self.core.run_forward, batch)  # forward, off the loop

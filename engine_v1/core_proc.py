@@ -111,6 +111,16 @@ class EngineCoreProc:
         self._idle_reported = False
         if outputs.outputs or outputs.step is not None or outputs.trace_events:
             self.output_queue.put(outputs)
+        if outputs.step is None:
+            self._wait_for_input(0.001)
+
+    def _wait_for_input(self, timeout: float) -> None:
+        """Nothing could run (blocks full, grammars compiling): wait briefly for a message
+        instead of spinning, which would take a core from the grammar compiler."""
+        try:
+            self._handle(*self.input_queue.get(timeout=timeout))
+        except queue.Empty:
+            pass
 
     def _report_idle(self) -> None:
         """Once the core goes idle (e.g. the last request aborted), send fresh stats, so the

@@ -68,10 +68,20 @@ class SchedulerConfig:
 
 
 @dataclass
+class StructuredOutputsConfig:
+    grammar_cache_size: int = 128     # compiled grammars kept (LRU by the grammar's hash)
+
+    def __post_init__(self) -> None:
+        if self.grammar_cache_size < 1:
+            raise ValueError("grammar_cache_size must be >= 1")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
 
 @dataclass

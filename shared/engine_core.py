@@ -18,6 +18,7 @@ from shared.core.request import Request
 from shared.core.scheduler import Scheduler
 from shared.core.scheduler_output import SchedulerOutput
 from shared.messages import EngineCoreOutputs, EngineCoreRequest, ModelInfo, StepTimes
+from shared.structured.compiler import GrammarCompiler
 from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
 from shared.worker.model_fetch import resolve_model
@@ -48,6 +49,7 @@ class EngineCore:
                             enable_prefix_caching=config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, cache, runner.max_model_len, self.tracer)
         self._num_forwards = 0
+        self.grammars: GrammarCompiler | None = None
         self.model_info = ModelInfo(
             name=path.name, path=str(path),
             max_model_len=runner.max_model_len, vocab_size=runner.arch.vocab_size,
@@ -57,7 +59,19 @@ class EngineCore:
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a tokenized request; raises RequestTooLongError if it can never fit."""
-        self.scheduler.add_request(Request.from_core_request(request))
+        req = Request.from_core_request(request)
+        spec = request.sampling_params.structured_outputs
+        if spec is not None:
+            req.grammar = self._grammar_compiler(request.eos_token_id).submit(spec)
+        self.scheduler.add_request(req)
+
+    def _grammar_compiler(self, eos_token_id: int | None) -> GrammarCompiler:
+        # Made on the first constrained request, so unconstrained serving never builds it.
+        if self.grammars is None:
+            self.grammars = GrammarCompiler(
+                Path(self.model_info.path) / "tokenizer.json", self.model_info.vocab_size,
+                eos_token_id, self.config.structured_outputs.grammar_cache_size)
+        return self.grammars
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Finish these requests now and return their KV blocks; unknown ids are ignored."""
@@ -71,7 +85,7 @@ class EngineCore:
         """Schedule, run the model and sample once; returns this step's new tokens."""
         batch = self.begin_step()
         if batch is None:
-            return self._outputs([], None)
+            return self.outputs_without_step()
         logits = self.run_forward(batch)
         return self.finish_step(batch, logits)
 
@@ -118,6 +132,10 @@ class EngineCore:
         batch.times.sample = t1 - t0
         batch.times.update = time.perf_counter() - t1
         return self._outputs(outputs, batch.times)
+
+    def outputs_without_step(self) -> EngineCoreOutputs:
+        """What a step that scheduled nothing reports: stats, and requests that ended waiting."""
+        return self._outputs(self.scheduler.take_unsent_outputs(), None)
 
     def _outputs(self, outputs: list, times: StepTimes | None) -> EngineCoreOutputs:
         return EngineCoreOutputs(outputs=outputs, timestamp=time.time(),

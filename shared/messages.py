@@ -15,6 +15,30 @@ from shared.trace.tracer import TraceEvent
 GREEDY_EPSILON = 1e-5
 
 
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the output must match: exactly one of these (vLLM's ``structured_outputs``).
+
+    ``json`` is a JSON schema as text, ``json_object`` any JSON object, ``regex`` a regular
+    expression (Rust regex syntax), ``choice`` one of the strings, ``grammar`` GBNF (llama.cpp's
+    dialect) or Lark.
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        _check(len(given) == 1, "structured_outputs",
+               "structured_outputs needs exactly one of json, json_object, regex, choice, grammar"
+               + (f"; got {', '.join(given)}" if given else ""))
+        _check(self.choice is None or (len(self.choice) > 0 and all(self.choice)),
+               "structured_outputs.choice", "choice must be a non-empty list of non-empty strings")
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How one request is decoded. Field names follow vLLM's SamplingParams."""
 
@@ -37,6 +61,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = {}   # token id -> added to its logit before sampling
+    structured_outputs: StructuredOutputsParams | None = None   # constrained decoding
 
     def __post_init__(self) -> None:
         _check(self.n >= 1, "n", "n must be at least 1")

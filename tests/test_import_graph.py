@@ -1,7 +1,7 @@
 """The package import graph is the design's DAG (type-only and function-level imports included).
 
     api -> frontend;  engine_core -> core, worker;  worker -> core's data types only;
-    core never imports worker;  trace is a leaf;  nothing in shared/ imports an engine except
+    core never imports worker;  trace and structured (grammars) are leaves every layer may use;  nothing in shared/ imports an engine except
     cli/, the composition root;  the engines never import each other.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared", "engine_v0", "engine_v1", "kernels", "compare")
 # Modules at shared/'s top level that everyone may use: config, errors and typed messages.
 BASE = {"shared.config", "shared.errors", "shared.messages"}
+# Leaves: packages that import only themselves and BASE, so any layer may use them.
+LEAVES = ("shared.trace", "shared.structured")
 WORKER_MAY_USE_FROM_CORE = {"shared.core.request", "shared.core.scheduler_output"}
 
 
@@ -76,17 +78,21 @@ def test_trace_is_a_leaf() -> None:
     assert _allowed(_edges("shared.trace"), "shared.trace") == []
 
 
+def test_structured_is_a_leaf() -> None:
+    assert _allowed(_edges("shared.structured"), "shared.structured", "shared.trace") == []
+
+
 @pytest.mark.parametrize("base", sorted(BASE))
 def test_base_modules_use_only_each_other_and_trace(base: str) -> None:
     assert _allowed(_edges(base), "shared.trace") == []
 
 
 def test_core_never_imports_worker_or_the_layers_above() -> None:
-    assert _allowed(_edges("shared.core"), "shared.core", "shared.trace") == []
+    assert _allowed(_edges("shared.core"), "shared.core", *LEAVES) == []
 
 
 def test_worker_uses_only_cores_data_types() -> None:
-    bad = _allowed(_edges("shared.worker"), "shared.worker", "shared.trace", "kernels",
+    bad = _allowed(_edges("shared.worker"), "shared.worker", *LEAVES, "kernels",
                    also=WORKER_MAY_USE_FROM_CORE)
     assert bad == []
 
@@ -96,11 +102,11 @@ def test_frontend_knows_nothing_of_the_core_or_http() -> None:
 
 
 def test_api_sees_only_the_frontend() -> None:
-    assert _allowed(_edges("shared.api"), "shared.api", "shared.frontend", "shared.trace") == []
+    assert _allowed(_edges("shared.api"), "shared.api", "shared.frontend", *LEAVES) == []
 
 
 def test_engine_core_wires_core_and_worker() -> None:
-    assert _allowed(_edges("shared.engine_core"), "shared.core", "shared.worker", "shared.trace") == []
+    assert _allowed(_edges("shared.engine_core"), "shared.core", "shared.worker", *LEAVES) == []
 
 
 def test_only_cli_imports_an_engine_or_the_harness() -> None:

@@ -70,6 +70,30 @@ PromptLogprobs = Annotated[int, Meta(ge=0, description="vLLM's extension; not wi
                            config_max("max_logprobs")]
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=64)]
+    schema: Annotated[dict[str, Any], Meta(description="JSON schema; omitted: any JSON object")] | None = None
+    strict: Annotated[bool, Meta(description="accepted; the output always follows the schema")] | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's response_format: text (the default), json_object or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's structured_outputs: exactly one of json, json_object, regex, choice, grammar."""
+
+    json: Annotated[dict[str, Any] | bool | str, Meta(description="a JSON schema (object or text)")] | None = None
+    json_object: bool | None = None
+    regex: Annotated[str, Meta(description="Rust regex syntax")] | None = None
+    choice: Annotated[list[str], Meta(min_length=1)] | None = None
+    grammar: Annotated[str, Meta(description="GBNF (llama.cpp's dialect) or Lark")] | None = None
+
+
 class _Common(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completions (OpenAI's plus vLLM's sampling extras)."""
 
@@ -96,6 +120,8 @@ class _Common(msgspec.Struct, kw_only=True):
     user: str | None = None
     logit_bias: LogitBias | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):

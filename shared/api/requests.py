@@ -12,6 +12,7 @@ from typing import Any
 
 from shared.api.errors import APIError
 from shared.api.protocol import ChatCompletionRequest, CompletionRequest, _Common, to_builtins
+from shared.api.structured import structured_spec
 from shared.config import ServerConfig
 from shared.errors import ParamError, RequestTooLongError
 from shared.frontend.tokenizer import Tokenizer
@@ -189,6 +190,7 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: M
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "prompt_logprobs": req.prompt_logprobs,
         "logit_bias": logit_bias(req.logit_bias, info.vocab_size),
+        "structured_outputs": structured_spec(req),
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)

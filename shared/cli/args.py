@@ -38,6 +38,7 @@ HELP = {
                          "C kernels on CPU, torch where neither is available)",
     "gpu_memory_utilization": "CUDA: share of free GPU memory for weights + KV cache when "
                               "--num-blocks is not given",
+    "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",
     "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "
                      "decode step (CPU)",
 }

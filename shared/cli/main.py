@@ -9,14 +9,21 @@ import sys
 
 from shared.cli.args import add_dataclass_args, build_dataclass
 from shared.cli.trace import add_trace_args, cmd_trace
-from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, ServerConfig
+from shared.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    StructuredOutputsConfig,
+)
 
-_ENGINE_DATACLASSES = (ModelConfig, CacheConfig, SchedulerConfig)
+_ENGINE_DATACLASSES = (ModelConfig, CacheConfig, SchedulerConfig, StructuredOutputsConfig)
 
 
 def _engine_config(ns: argparse.Namespace) -> EngineConfig:
-    model, cache, sched = (build_dataclass(c, ns) for c in _ENGINE_DATACLASSES)
-    return EngineConfig(model=model, cache=cache, scheduler=sched)
+    model, cache, sched, structured = (build_dataclass(c, ns) for c in _ENGINE_DATACLASSES)
+    return EngineConfig(model=model, cache=cache, scheduler=sched, structured_outputs=structured)
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from shared.messages import EngineCoreRequest, SamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from shared.structured.compiler import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -66,6 +70,8 @@ class Request:
         self.stop_reason: int | str | None = None
         # Effective limit on output tokens, set by the scheduler from max_tokens and context.
         self.max_output_tokens: int = sampling_params.max_tokens or 0
+        # Structured outputs: this sequence's matcher (set by the engine core before queueing).
+        self.grammar: GrammarState | None = None
 
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest) -> Request:

@@ -18,6 +18,7 @@ from shared.config import CacheConfig, SchedulerConfig
 from shared.core.kv_cache import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from shared.core.stop import check_stop
 from shared.errors import ParamError, RequestTooLongError
 from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 from shared.trace.steps import Step
@@ -40,6 +41,8 @@ class Scheduler:
         self.running: list[Request] = []           # admission order: the last is the newest
         self.num_preemptions = 0
         self._finished_ids: list[str] = []         # since the last non-empty schedule()
+        # Requests that ended while waiting (a grammar that failed to compile): sent next step.
+        self._unsent: list[EngineCoreOutput] = []
         self.tracer = tracer or Tracer("engine-core")
 
     # -- add_request / abort_requests -------------------------------------------------------
@@ -132,20 +135,44 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            num_new = self._admit(self.waiting[0], out, budget)
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[i]
+            if req.grammar is not None and not self._grammar_ready(req):
+                i += 1      # still compiling (or just failed): the requests behind it go on
+                continue
+            num_new = self._admit(i, out, budget)
             if num_new == 0:
-                break    # FCFS: nobody overtakes the head of the queue
+                break    # FCFS: nobody overtakes the first request that can run
             budget -= num_new
 
-    def _admit(self, req: Request, out: SchedulerOutput, budget: int) -> int:
-        """Move the head of the waiting queue to running if its blocks fit; tokens scheduled."""
+    def _grammar_ready(self, req: Request) -> bool:
+        assert req.grammar is not None
+        if not req.grammar.ready():
+            return False
+        if req.grammar.error is None:
+            return True
+        req.stop_reason = f"grammar error: {req.grammar.error}"
+        self.waiting.remove(req)
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+        self._unsent.append(EngineCoreOutput(req.request_id, [], finish_reason="abort",
+                                             stop_reason=req.stop_reason))
+        return False
+
+    def take_unsent_outputs(self) -> list[EngineCoreOutput]:
+        """Outputs of requests that finished outside a step (see ``_grammar_ready``)."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
+
+    def _admit(self, index: int, out: SchedulerOutput, budget: int) -> int:
+        """Move ``waiting[index]`` to running if its blocks fit; tokens scheduled."""
+        req = self.waiting[index]
         kv = self.kv_cache_manager
         hits, num_hit = kv.get_computed_blocks(req)
         num_new = min(req.num_tokens - num_hit, budget)
         if not kv.allocate_slots(req, num_new, hits):
             return 0
-        self.waiting.popleft()
+        del self.waiting[index]
         if req.status is RequestStatus.WAITING:     # first admission, not a resume
             req.num_cached_tokens = num_hit
         req.status = RequestStatus.RUNNING
@@ -192,7 +219,7 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Advance progress, append sampled tokens, finish stopped requests; new tokens out."""
         kv = self.kv_cache_manager
-        outputs = []
+        outputs = self.take_unsent_outputs()
         for s in scheduler_output.scheduled:
             req = s.request
             if req.status is not RequestStatus.RUNNING:
@@ -221,7 +248,7 @@ class Scheduler:
             self.tracer.event(req.request_id, Step.SAMPLED, "token sampled",
                               {"token_id": token, "output_tokens": req.num_output_tokens},
                               where=self.update_from_output, decode=req.num_output_tokens > 1)
-        status = self._check_stop(req, token)
+        status = check_stop(req, token, self.max_model_len)
         if status is not None:
             self._finish(req, status)
         return EngineCoreOutput(
@@ -229,18 +256,6 @@ class Scheduler:
             new_logprobs=None if logprobs is None else [logprobs],
             finish_reason=req.status.finish_reason, stop_reason=req.stop_reason,
             num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps)
-
-    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
-        params = req.sampling_params
-        if req.num_output_tokens >= params.min_tokens:
-            if token == req.eos_token_id and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-            if token in params.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= req.max_output_tokens or req.num_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         """Mark finished and free the blocks now; the caller takes it out of its queue."""

@@ -129,8 +129,11 @@ class OutputProcessor:
         """Feed new tokens one at a time; return how many count and the stop string hit."""
         ids = out.new_token_ids
         # When the core stopped on EOS or a stop token id, that token's text is not part
-        # of the output unless asked for (vLLM's rule); its id is still reported.
-        hide_last = out.finish_reason == "stop" and not state.params.include_stop_str_in_output
+        # of the output unless asked for (vLLM's rule); its id is still reported. A grammar
+        # that ends on an ordinary token keeps it.
+        last = ids[-1] if ids else None
+        hide_last = (out.finish_reason == "stop" and not state.params.include_stop_str_in_output
+                     and (last == self._tokenizer.eos_token_id or last in state.params.stop_token_ids))
         for k, token_id in enumerate(ids):
             state.num_tokens += 1
             if hide_last and k == len(ids) - 1:

@@ -39,9 +39,10 @@ _MAP: dict[Step, tuple[str, str]] = {
     Step.HTTP_RECEIVED: ("HTTP request reaches a Starlette route",
                          "`shared/api/server.py` (`build_app`), `shared/api/serving.py` "
                          "(`Serving.__call__`)"),
-    Step.VALIDATED: ("request body validated, chat template rendered",
+    Step.VALIDATED: ("request body validated (output constraints too), chat template rendered",
                      "`shared/api/protocol.py` (`decode_body`), `shared/api/requests.py` "
-                     "(`render_chat`), `shared/api/serving_completion.py` "
+                     "(`render_chat`), `shared/api/structured.py` (`structured_spec`), "
+                     "`shared/api/serving_completion.py` "
                      "(`CompletionServing.prepare`), `shared/frontend/tokenizer.py`"),
     Step.TOKENIZED: ("prompt tokenized",
                      "`shared/frontend/tokenizer.py` (`Tokenizer.encode`), called from "
@@ -70,10 +71,10 @@ _MAP: dict[Step, tuple[str, str]] = {
                      "(`NativeAttention.forward`, CPU), `shared/worker/attention/torch_backend.py` "
                      "(`TorchAttention.forward`, fallback), `shared/worker/attention/triton_backend.py` "
                      "(`TritonAttention.forward`, `kernels/`, CUDA)"),
-    Step.SAMPLED: ("next token sampled; scheduler updates state, checks EOS / max tokens, "
-                   "frees blocks",
-                   "`shared/worker/sampler.py`, `shared/core/scheduler.py` "
-                   "(`Scheduler.update_from_output`)"),
+    Step.SAMPLED: ("next token sampled (grammar masks applied); scheduler updates state, "
+                   "advances grammars, checks EOS / max tokens / grammar end, frees blocks",
+                   "`shared/worker/sampler.py`, `shared/structured/bitmask.py`, "
+                   "`shared/core/scheduler.py` (`Scheduler.update_from_output`)"),
     Step.DETOKENIZED: ("token detokenized incrementally, stop strings checked",
                        "`shared/frontend/output_processor.py`, `shared/frontend/detokenizer.py`, "
                        "driven by `shared/frontend/base.py` (`EngineFrontend.process_engine_outputs`)"),

@@ -1,7 +1,7 @@
 """Next-token sampling for a batch of sequences (lifecycle step 11).
 
-Order of operations, per row: penalties -> logit_bias -> greedy argmax, or temperature ->
-min-p -> top-k -> top-p -> draw. Logprobs are read from the raw model logits (vLLM v1's default),
+Order of operations, per row: penalties -> logit_bias -> grammar mask (structured outputs) ->
+min_tokens' EOS block -> greedy argmax, or temperature -> min-p -> top-k -> top-p -> draw. Logprobs are read from the raw model logits (vLLM v1's default),
 so they describe the model, not the sampling filters.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 
 from shared.core.request import Request
 from shared.messages import TokenLogprobs
+from shared.structured.bitmask import GrammarMasker
 from shared.worker.sampling_metadata import (
     NUCLEUS_CANDIDATES,
     FilterMetadata,
@@ -76,6 +77,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self._generators: dict[str, torch.Generator] = {}
+        self._grammar = GrammarMasker()
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """Row i of ``logits`` ([B, V]) belongs to ``requests[i]``."""
@@ -87,6 +89,9 @@ class Sampler:
         if meta.penalties is not None:
             logits = apply_penalties(logits, meta.penalties)
         logits = apply_logit_bias(logits, requests)
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if rows:
+            logits = self._grammar.apply(logits, rows, [requests[i].grammar.matcher for i in rows])
         logits = block_stop_tokens(logits, requests)
         token_ids = self._pick(logits, meta, requests)
         if raw_logprobs is None:

@@ -18,6 +18,12 @@ REQUESTS = [
             "temperature": 1.0, "seed": 11, "n": 2, "logprobs": True, "top_logprobs": 2}),
     (COMPLETIONS, {"prompt": ["Once upon a time", "The best way to"], "max_tokens": 16,
                    "temperature": 0.8, "top_p": 0.9, "seed": 5}),
+    # Structured outputs: the same matcher masks in both topologies, sampled and seeded.
+    (CHAT, {"messages": [{"role": "user", "content": "A point as JSON."}], "max_tokens": 40,
+            "temperature": 1.0, "seed": 2, "n": 2, "logprobs": True,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "point", "schema": {
+                "type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"]}}}}),
 ]
 
 

@@ -29,3 +29,9 @@ def oai(server: Server) -> openai.OpenAI:
     """The official openai client on the server."""
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key, max_retries=0,
                          timeout=60)
+
+
+@pytest.fixture()
+def served_model(oai: openai.OpenAI) -> str:
+    """The served model's id, as a client finds it."""
+    return oai.models.list().data[0].id
