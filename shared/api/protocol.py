@@ -17,6 +17,7 @@ import msgspec
 from msgspec import Meta
 
 from shared.api.errors import APIError
+from shared.api.protocol_tools import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCall
 
 LIMIT_KEY = "x-twinserve-limit"
 
@@ -52,6 +53,7 @@ class ChatMessage(msgspec.Struct, omit_defaults=True):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 Messages = Annotated[list[ChatMessage], Meta(min_length=1)]
@@ -68,30 +70,6 @@ LogitBias = Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]],
                       Meta(max_length=300, description="token id -> bias in [-100, 100]")]
 PromptLogprobs = Annotated[int, Meta(ge=0, description="vLLM's extension; not with stream"),
                            config_max("max_logprobs")]
-
-
-class JsonSchemaFormat(msgspec.Struct, kw_only=True):
-    name: Annotated[str, Meta(min_length=1, max_length=64)]
-    schema: Annotated[dict[str, Any], Meta(description="JSON schema; omitted: any JSON object")] | None = None
-    strict: Annotated[bool, Meta(description="accepted; the output always follows the schema")] | None = None
-    description: str | None = None
-
-
-class ResponseFormat(msgspec.Struct, kw_only=True):
-    """OpenAI's response_format: text (the default), json_object or json_schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputs(msgspec.Struct, kw_only=True):
-    """vLLM's structured_outputs: exactly one of json, json_object, regex, choice, grammar."""
-
-    json: Annotated[dict[str, Any] | bool | str, Meta(description="a JSON schema (object or text)")] | None = None
-    json_object: bool | None = None
-    regex: Annotated[str, Meta(description="Rust regex syntax")] | None = None
-    choice: Annotated[list[str], Meta(min_length=1)] | None = None
-    grammar: Annotated[str, Meta(description="GBNF (llama.cpp's dialect) or Lark")] | None = None
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -133,6 +111,11 @@ class ChatCompletionRequest(_Common, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0), config_max("max_logprobs")] | None = None
     add_generation_prompt: bool | None = None
+    tools: Annotated[list[Tool], Meta(max_length=128)] | None = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice, Meta(
+        description='default "auto" with tools; "required" and a named tool are enforced by a grammar'
+    )] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):

@@ -13,10 +13,12 @@ from typing import Any
 from shared.api.errors import APIError
 from shared.api.protocol import ChatCompletionRequest, CompletionRequest, _Common, to_builtins
 from shared.api.structured import structured_spec
+from shared.api.tools import ToolPlan, plan_tools
 from shared.config import ServerConfig
 from shared.errors import ParamError, RequestTooLongError
 from shared.frontend.tokenizer import Tokenizer
 from shared.messages import ModelInfo, SamplingParams
+from shared.structured.grammar import validate
 from shared.trace.steps import Step
 from shared.trace.tracer import TraceHandle
 
@@ -41,6 +43,7 @@ class Prepared:
     logprobs: int | None       # None: no logprobs in the response
     continuous_usage: bool = False      # stream_options.continuous_usage_stats
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs field (None: not asked)
+    tools: ToolPlan | None = None       # chat with tools: how calls are made and parsed
 
 
 def check_model(model: str | None, accepted: set[str]) -> None:
@@ -54,7 +57,9 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
         raise ParamError("top_logprobs requires logprobs to be true", param="top_logprobs")
     _check_max(req.top_logprobs, cfg.max_logprobs, "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False, trace)
+    plan = plan_tools(req)
+    ids = render_chat(tok, to_builtins(req.messages), req.add_generation_prompt is not False, trace,
+                      plan.tools if plan else None)
     _check_max(req.max_tokens, info.max_model_len, "max_tokens")
     _check_max(req.max_completion_tokens, info.max_model_len, "max_completion_tokens")
     if req.max_completion_tokens is not None:   # OpenAI's newer name wins
@@ -63,7 +68,12 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
         max_tokens, param = req.max_tokens, "max_tokens"
     limit = fit_context(len(ids), max_tokens, info.max_model_len, param, "messages", None)
     params = sampling_params(req, limit, logprobs, info, cfg)
-    return _prepared(req, [Job(ids, params)], logprobs, cfg)
+    if plan is not None and plan.spec is not None:
+        validate(plan.spec, "tools")
+        params.structured_outputs = plan.spec
+    prepared = _prepared(req, [Job(ids, params)], logprobs, cfg)
+    prepared.tools = plan
+    return prepared
 
 
 def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
@@ -112,9 +122,9 @@ def _prepared(req: _Common, jobs: list[Job], logprobs: int | None, cfg: ServerCo
 
 
 def render_chat(tok: Tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                trace: TraceHandle | None = None) -> list[int]:
+                trace: TraceHandle | None = None, tools: list[dict[str, Any]] | None = None) -> list[int]:
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
     except ParamError:
         raise
     except Exception as exc:  # a template may raise anything on odd input; it is the client's input

@@ -42,6 +42,7 @@ class Choice:
     legacy_lp: CompletionLogprobs | None = None   # completions only
     legacy_blocks: list[dict] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] | None = None   # on the first output
+    tool_calls: Any = None      # chat with tools: a ToolCallsState
 
 
 @dataclass

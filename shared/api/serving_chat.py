@@ -4,7 +4,8 @@ from __future__ import annotations
 from shared.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from shared.api.protocol import ChatCompletionRequest, decode_body
 from shared.api.requests import Prepared, check_model, prepare_chat
-from shared.api.serving import Ctx, Serving, finish_reason
+from shared.api.serving import Choice, Ctx, Serving, finish_reason
+from shared.api.tools import ToolCallsState
 from shared.frontend.outputs import RequestOutput
 from shared.trace.tracer import TraceHandle
 
@@ -24,19 +25,41 @@ class ChatServing(Serving):
         chunks = []
         if not choice.started:
             choice.started = True
+            if ctx.prepared.tools is not None:
+                choice.tool_calls = ToolCallsState.start(ctx.prepared.tools)
             chunks.append(self._chunk(ctx, index, {"role": "assistant", "content": ""}))
-        choice.text.append(delta.text)
         choice.num_tokens += len(delta.token_ids)
+        text, calls = self._split(choice, delta.text, out.finished)
+        choice.text.append(text)
         lps = None
         if ctx.prepared.logprobs is not None and delta.logprobs:
             choice.logprobs.extend(delta.logprobs)
             lps = {"content": chat_logprobs(delta.logprobs, self.state.texts)}
-        if delta.text or lps:
-            chunks.append(self._chunk(ctx, index, {"content": delta.text}, lps))
+        if text or lps:
+            chunks.append(self._chunk(ctx, index, {"content": text}, lps))
+        # One delta per chunk, as OpenAI streams them: the call's id and name, then fragments.
+        chunks.extend(self._chunk(ctx, index, {"tool_calls": [call]}) for call in calls)
         if out.finished:
-            choice.finish_reason = finish_reason(out)
+            choice.finish_reason = self._finish_reason(choice, out)
             chunks.append(self._chunk(ctx, index, {}, None, choice.finish_reason))
         return chunks
+
+    @staticmethod
+    def _split(choice: Choice, text: str, finished: bool) -> tuple[str, list[dict]]:
+        """Content text and tool_call deltas of this output (all content without tools)."""
+        state: ToolCallsState | None = choice.tool_calls
+        if state is None:
+            return text, []
+        events = state.parser.feed(text) + (state.parser.finish() if finished else [])
+        return state.deltas(events)
+
+    @staticmethod
+    def _finish_reason(choice: Choice, out: RequestOutput) -> str | None:
+        reason = finish_reason(out)
+        # As OpenAI: a reply that made calls ends with "tool_calls" (unless it was cut short).
+        if reason == "stop" and choice.tool_calls is not None and choice.tool_calls.calls:
+            return "tool_calls"
+        return reason
 
     def _chunk(self, ctx: Ctx, index: int, delta: dict, logprobs: dict | None = None,
                reason: str | None = None) -> dict:
@@ -58,8 +81,8 @@ class ChatServing(Serving):
             lps = None
             if ctx.prepared.logprobs is not None:
                 lps = {"content": chat_logprobs(c.logprobs, self.state.texts)}
-            choices.append({"index": index, "message": {"role": "assistant", "content": "".join(c.text)},
-                            "logprobs": lps, "finish_reason": c.finish_reason})
+            choices.append({"index": index, "message": self._message(c), "logprobs": lps,
+                            "finish_reason": c.finish_reason})
         body = {"id": ctx.id, "object": "chat.completion", "created": ctx.created,
                 "model": ctx.model, "choices": choices, "usage": ctx.usage()}
         if ctx.prepared.prompt_logprobs is not None:    # vLLM's extension, one prompt per chat
@@ -67,3 +90,12 @@ class ChatServing(Serving):
             body["prompt_logprobs"] = vllm_prompt_logprobs(first, self.state.texts,
                                                            ctx.prepared.prompt_logprobs)
         return body
+
+    @staticmethod
+    def _message(c: Choice) -> dict:
+        text = "".join(c.text)
+        calls = c.tool_calls.calls if c.tool_calls is not None else []
+        if not calls:
+            return {"role": "assistant", "content": text}
+        # As OpenAI: content is null when the reply is only calls.
+        return {"role": "assistant", "content": text if text.strip() else None, "tool_calls": calls}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from shared.api.protocol import ResponseFormat, StructuredOutputs, _Common
+from shared.api.protocol import _Common
+from shared.api.protocol_tools import ResponseFormat, StructuredOutputs
 from shared.errors import ParamError
 from shared.messages import StructuredOutputsParams
 from shared.structured.grammar import validate

@@ -9,10 +9,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _RustTokenizer
 
 from shared.errors import ParamError
+from shared.frontend.chat_template import (
+    compile_template,
+    fallback_tool_messages,
+    supports_tools,
+    template_messages,
+)
 
 
 class Tokenizer:
@@ -32,11 +37,8 @@ class Tokenizer:
             i for i, t in self._tok.get_added_tokens_decoder().items() if t.special
         }
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
-        self._template = None
-        if self.chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            self._template = env.from_string(self.chat_template)
+        self._template = compile_template(self.chat_template) if self.chat_template else None
+        self.template_supports_tools = bool(self.chat_template) and supports_tools(self.chat_template)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -52,10 +54,19 @@ class Tokenizer:
         return self._tok.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
-        """Render OpenAI-style messages; list-of-parts content is joined into one string."""
+                            tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
+        """Render OpenAI-style messages; list-of-parts content is joined into one string.
+
+        ``tools`` (OpenAI's tool objects) go to the template as HF passes them, or into a
+        system prompt when the template has no tool support."""
         if self._template is None:
             raise ParamError("this model has no chat template; use /v1/completions", param="messages")
+        if self.template_supports_tools:
+            messages = template_messages(messages)
+            if tools:
+                kwargs["tools"] = tools
+        else:
+            messages = fallback_tool_messages(messages, tools)
         flat = [{**m, "content": _flatten_content(m.get("content"))} for m in messages]
         return self._template.render(
             messages=flat, add_generation_prompt=add_generation_prompt,
@@ -75,10 +86,6 @@ def _flatten_content(content: Any) -> str:
         else:
             raise ParamError("only text content parts are supported", param="messages")
     return "".join(parts)
-
-
-def _raise_template_error(message: str) -> None:
-    raise ParamError(f"chat template error: {message}", param="messages")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -24,7 +24,8 @@ class FakeTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return chr(token_id) if 33 <= token_id < 127 else None
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         return "".join(f"{m['role']}: {m.get('content')}\n" for m in messages)
 
 

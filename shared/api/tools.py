@@ -1,0 +1,118 @@
+"""tools and tool_choice on /v1/chat/completions: validation, the tool grammar, the reply.
+
+"auto" lets the model choose and parses what it writes; "required" and a named tool are
+enforced by a grammar over the Hermes call format, so the output is always well-formed calls
+whose arguments validate against the function's parameters.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from shared.api.protocol import ChatCompletionRequest
+from shared.api.protocol_tools import Tool
+from shared.errors import ParamError
+from shared.frontend.tool_parser import ArgsDelta, CallStart, Content, Event, HermesToolParser
+from shared.messages import StructuredOutputsParams
+from shared.structured.grammar import JSON_OPTIONS, validate
+
+
+@dataclass
+class ToolPlan:
+    """How a request uses its tools: ``mode`` is auto, required or named."""
+
+    mode: str
+    tools: list[dict[str, Any]]         # OpenAI's tool objects, for the chat template
+    spec: StructuredOutputsParams | None = None   # the call grammar (required, named)
+
+    def parser(self) -> HermesToolParser:
+        # Under the grammar the call format is certain, so arguments can stream as they come.
+        return HermesToolParser(streaming_args=self.spec is not None)
+
+
+def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
+    """None when the request makes no tool calls (no tools, or tool_choice "none")."""
+    _check_messages(req)
+    choice = req.tool_choice
+    if not req.tools:
+        if choice is not None:
+            raise ParamError("tool_choice is only allowed when tools are given", param="tool_choice")
+        return None
+    names = [t.function.name for t in req.tools]
+    if len(set(names)) != len(names):
+        raise ParamError("tool function names must be unique", param="tools")
+    for i, t in enumerate(req.tools):
+        if t.function.parameters is not None:
+            validate(StructuredOutputsParams(json=json.dumps(t.function.parameters)),
+                     f"tools[{i}].function.parameters")
+    if choice == "none":
+        return None     # the model is not told of tools it may not call
+    tools = [msgspec.to_builtins(t) for t in req.tools]
+    if choice is None or choice == "auto":
+        return ToolPlan("auto", tools)
+    if (req.response_format is not None and req.response_format.type != "text") or req.structured_outputs:
+        raise ParamError("a required or named tool_choice cannot be combined with response_format "
+                         "or structured_outputs", param="tool_choice")
+    if choice == "required":
+        parallel = req.parallel_tool_calls is not False
+        return ToolPlan("required", tools, StructuredOutputsParams(grammar=call_grammar(req.tools, parallel)))
+    named = [t for t in req.tools if t.function.name == choice.function.name]
+    if not named:
+        raise ParamError(f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                         param="tool_choice")
+    return ToolPlan("named", tools, StructuredOutputsParams(grammar=call_grammar(named, False)))
+
+
+def call_grammar(tools: list[Tool], parallel: bool) -> str:
+    """Lark for one call (or several, with ``parallel``) of any of ``tools``, in Hermes form."""
+    alternatives = [{
+        "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+        "properties": {"name": {"const": t.function.name},
+                       "arguments": t.function.parameters or {"type": "object"}},
+    } for t in tools]
+    schema = {"anyOf": alternatives, "x-guidance": JSON_OPTIONS}
+    repeat = ' ("\\n" call)*' if parallel else ""
+    return (f"start: call{repeat}\n"
+            'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
+            f"body: %json {json.dumps(schema)}\n")
+
+
+def _check_messages(req: ChatCompletionRequest) -> None:
+    for i, m in enumerate(req.messages):
+        if m.role == "tool" and not m.tool_call_id:
+            raise ParamError("a message with role 'tool' needs tool_call_id",
+                             param=f"messages[{i}].tool_call_id")
+        if m.tool_calls and m.role != "assistant":
+            raise ParamError("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
+
+
+@dataclass
+class ToolCallsState:
+    """One choice's parser and the calls it has found (ids are made here)."""
+
+    parser: HermesToolParser
+    calls: list[dict[str, Any]]
+
+    @classmethod
+    def start(cls, plan: ToolPlan) -> ToolCallsState:
+        return cls(plan.parser(), [])
+
+    def deltas(self, events: list[Event]) -> tuple[str, list[dict[str, Any]]]:
+        """Events -> (content text, OpenAI tool_call deltas), recording the calls."""
+        text, deltas = "", []
+        for e in events:
+            if isinstance(e, Content):
+                text += e.text
+            elif isinstance(e, CallStart):
+                call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                        "function": {"name": e.name, "arguments": ""}}
+                self.calls.append(call)
+                deltas.append({"index": e.index, **json.loads(json.dumps(call))})
+            elif isinstance(e, ArgsDelta):
+                self.calls[e.index]["function"]["arguments"] += e.text
+                deltas.append({"index": e.index, "function": {"arguments": e.text}})
+        return text, deltas
