@@ -160,7 +160,13 @@ class ResponseInputItem(msgspec.Struct, kw_only=True):
 
 
 class TextFormat(msgspec.Struct, kw_only=True):
+    """Responses' text.format: chat's response_format with the json_schema fields inline."""
+
     type: Literal["text", "json_schema", "json_object"]
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
 
 
 class ResponseText(msgspec.Struct, kw_only=True):

@@ -1,5 +1,5 @@
-"""/v1/responses input -> chat messages, the bounded response store, and the features
-that wait for structured outputs and tool calling (issue 13)."""
+"""/v1/responses input -> chat messages and response_format, the bounded response store,
+and the features that wait for tool calling on this endpoint."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -8,27 +8,45 @@ from typing import Any
 
 from shared.api.errors import APIError
 from shared.api.protocol import ResponseInputItem, ResponsesRequest
+from shared.api.protocol_tools import JsonSchemaFormat, ResponseFormat
 from shared.errors import ParamError
 
 
 def check_unsupported(req: ResponsesRequest) -> None:
-    """ISSUE-13 HOOK: json_schema/json_object formats, tools, tool_choice and function-call
-    items are refused here until structured outputs and tool calling exist; wire them to
-    that machinery in this one place."""
-    fmt = req.text.format if req.text is not None else None
-    if fmt is not None and fmt.type != "text":
-        raise ParamError(f"text.format type {fmt.type!r} is not supported yet; use 'text'",
-                         param="text.format")
+    """ISSUE-13 HOOK: tools, tool_choice and function-call items are refused here until the
+    Responses API maps them onto chat tool calling (text.format is: see ``response_format``)."""
     if req.tools:
-        raise ParamError("tools are not supported yet", param="tools")
+        raise ParamError("tools are not supported on /v1/responses yet; use /v1/chat/completions",
+                         param="tools")
     if req.tool_choice not in (None, "none", "auto"):
-        raise ParamError("tool_choice needs tools, which are not supported yet",
+        raise ParamError("tool_choice needs tools, which /v1/responses does not support yet",
                          param="tool_choice")
     if isinstance(req.input, list):
         for i, item in enumerate(req.input):
             if item.type != "message":
-                raise ParamError(f"{item.type} items need tool calling, which is not "
-                                 f"supported yet", param=f"input[{i}]")
+                raise ParamError(f"{item.type} items need tool calling, which /v1/responses "
+                                 f"does not support yet", param=f"input[{i}]")
+
+
+def response_format(req: ResponsesRequest) -> ResponseFormat | None:
+    """text.format as chat's response_format (structured outputs validate and enforce it)."""
+    fmt = req.text.format if req.text is not None else None
+    if fmt is None:
+        return None
+    schema = None
+    if fmt.type == "json_schema":
+        if not fmt.name:
+            raise ParamError("text.format of type json_schema needs a name", param="text.format.name")
+        schema = JsonSchemaFormat(name=fmt.name, schema=fmt.schema, strict=fmt.strict)
+    return ResponseFormat(type=fmt.type, json_schema=schema)
+
+
+def text_format_param(param: str | None) -> str | None:
+    """A response_format error's param, named as the Responses request spells it."""
+    if param is None or not param.startswith("response_format"):
+        return param
+    rest = param[len("response_format"):].replace(".json_schema", "", 1)
+    return "text.format" + rest
 
 
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -19,9 +20,17 @@ from shared.api.errors import to_api_error
 from shared.api.fanout import FanOut
 from shared.api.protocol import CompletionRequest, ResponsesRequest, decode_body
 from shared.api.requests import Job, Prepared, check_model, fit_context, render_chat, sampling_params
-from shared.api.responses_input import ResponseStore, Stored, check_unsupported, input_messages
+from shared.api.responses_input import (
+    ResponseStore,
+    Stored,
+    check_unsupported,
+    input_messages,
+    response_format,
+    text_format_param,
+)
 from shared.api.serving import Ctx, Serving, encode, finish_reason, json_response
 from shared.api.state import AppState
+from shared.errors import ParamError
 from shared.frontend.outputs import RequestOutput
 from shared.trace.tracer import TraceHandle
 
@@ -57,7 +66,10 @@ class ResponsesServing(Serving):
         ids = render_chat(engine.tokenizer, [*system, *conversation], True, trace)
         limit = fit_context(len(ids), req.max_output_tokens, info.max_model_len,
                             "max_output_tokens", "input", None)
-        params = sampling_params(_as_common(req), limit, None, info, cfg)
+        try:
+            params = sampling_params(_as_common(req), limit, None, info, cfg)
+        except ParamError as e:
+            raise ParamError(str(e), param=text_format_param(e.param)) from None
         return ResponsesPrepared([Job(ids, params)], 1, bool(req.stream), False, None,
                                  req=req, conversation=conversation)
 
@@ -119,7 +131,7 @@ class ResponsesServing(Serving):
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": False,
             "previous_response_id": req.previous_response_id, "store": req.store is not False,
-            "text": {"format": {"type": "text"}}, "tool_choice": "none", "tools": [],
+            "text": {"format": _format_echo(req)}, "tool_choice": "none", "tools": [],
             "metadata": req.metadata or {}, "user": req.user,
             "usage": {"input_tokens": usage["prompt_tokens"],
                       "input_tokens_details": usage["prompt_tokens_details"],
@@ -159,6 +171,11 @@ def _prep(ctx: Ctx) -> ResponsesPrepared:
     return ctx.prepared
 
 
+def _format_echo(req: ResponsesRequest) -> dict:
+    fmt = req.text.format if req.text is not None else None
+    return {"type": "text"} if fmt is None else msgspec.to_builtins(fmt)
+
+
 def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -170,4 +187,5 @@ def _message_item(item_id: str, text: str) -> dict:
 
 def _as_common(req: ResponsesRequest) -> CompletionRequest:
     """The fields sampling_params reads, from a Responses request (the rest: defaults)."""
-    return CompletionRequest(prompt="-", temperature=req.temperature, top_p=req.top_p)
+    return CompletionRequest(prompt="-", temperature=req.temperature, top_p=req.top_p,
+                             response_format=response_format(req))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 
 from tests.shared.api.api_helpers import assert_error, model_id, sse_data, wait_engine_idle
@@ -74,6 +75,18 @@ def test_store_false_is_not_kept(oai, client):
     assert_error(client.get(f"{RESPONSES}/{r.id}"), 404, "response_id")
 
 
+def test_text_format_json_schema_is_enforced(oai):
+    schema = {"type": "object", "required": ["city", "rank"], "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 20},
+                             "rank": {"type": "integer", "minimum": 1, "maximum": 10}}}
+    r = oai.responses.create(model=model_id(oai), input="Name a city.", max_output_tokens=60,
+                             text={"format": {"type": "json_schema", "name": "city", "schema": schema,
+                                              "strict": True}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"
+
+
 def test_unknown_ids_are_404(client):
     assert_error(client.get(f"{RESPONSES}/resp_missing"), 404, "response_id")
     assert_error(client.post(RESPONSES, json={"input": "Hi", "previous_response_id": "resp_x"}),
@@ -83,8 +96,9 @@ def test_unknown_ids_are_404(client):
 @pytest.mark.parametrize("body, param", [
     ({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
-    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
-     "text.format"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                         "schema": {"type": "objectx"}}}}, "text.format.schema"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]"),
     ({"input": [{"role": "user"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
