@@ -6,7 +6,7 @@ STAMP := $(VENV)/.twinserve-installed
 ENGINE ?= v1
 PORT ?= 8000
 
-.PHONY: install model test test-fast serve bench bench-offline bench-quality clean
+.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ serve: install model
 
 bench-offline: install model
 	$(PY) -m compare.bench_offline
+
+# Constrained (json_schema) vs unconstrained decoding at 16 concurrent requests, plus compile times.
+bench-structured: install model
+	$(PY) -m compare.bench_structured
 
 # Perplexity and greedy agreement of every --quantization mode on the default model (minutes).
 bench-quality: install model
