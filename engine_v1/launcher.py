@@ -14,8 +14,15 @@ import msgspec
 import zmq
 
 from engine_v1 import wire
-from engine_v1.core_proc import run_engine_core
 from shared.config import EngineConfig
+
+
+def _core_main(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str) -> None:
+    """The spawned core's entry: torch and the model code are imported here, in the child,
+    so the API process never loads them and the two processes start up in parallel."""
+    from engine_v1.core_proc import run_engine_core
+
+    run_engine_core(config_bytes, model_path, input_addr, output_addr)
 
 
 class CoreStartError(RuntimeError):
@@ -42,7 +49,7 @@ class CoreLauncher:
     def spawn(self) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
-            target=run_engine_core, name="twinserve-engine-core", daemon=True,
+            target=_core_main, name="twinserve-engine-core", daemon=True,
             args=(msgspec.msgpack.encode(self.config), str(self.model_path),
                   f"ipc://{self.ipc_dir}/input", self.output_addr),
         )

@@ -38,7 +38,8 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32,
     return model.eval().requires_grad_(False)
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of an HF model folder."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         with open(index, encoding="utf-8") as f:
@@ -52,7 +53,7 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
-    for path in _safetensors_files(folder):
+    for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)

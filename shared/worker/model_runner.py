@@ -24,7 +24,7 @@ from shared.worker.attention.native_backend import NativeAttention
 from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.cuda_graphs import DecodeGraphs
 from shared.worker.model_fetch import cache_dir
-from shared.worker.model_loader import allocate_kv_caches, kv_bytes_per_block, load_model
+from shared.worker.model_loader import allocate_kv_caches, checkpoint_files, kv_bytes_per_block, load_model
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.native.build import load_native
 from shared.worker.native.decode import FusedDecode, unsupported_reason
@@ -95,8 +95,9 @@ class ModelRunner:
         free_before = torch.cuda.mem_get_info(self.device)[0] if is_cuda else 0
         self.model = load_model(model_path, dtype=self.dtype, device=mc.device)
         self.arch = self.model.arch
-        self.quantization = apply_quantization(self.model, mc.quantization, self.dtype, self.device,
-                                               tuning, self.native)
+        self.quantization = apply_quantization(
+            self.model, mc.quantization, self.dtype, self.device, tuning, self.native,
+            weights_cache=(cache_dir() / "quantized", checkpoint_files(model_path)))
         self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device,
                                                            self.native is not None)
         self.max_model_len = min(mc.max_model_len or self.arch.max_position_embeddings,

@@ -10,6 +10,7 @@ from torch import nn
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.models.layers import Linear
 from shared.worker.native.build import NativeKernels
+from shared.worker.quant import cache as quant_cache
 from shared.worker.quant.int4 import Int4
 from shared.worker.quant.linear import Dispatch, quantize_model
 from shared.worker.quant.tuning import faster_dense_dtype, tuned_dispatch
@@ -49,8 +50,11 @@ def resolve_dtype(name: str, device: torch.device, arch: ArchConfig,
 
 def apply_quantization(model: nn.Module, mode: str, dtype: torch.dtype, device: torch.device,
                        tuning_cache: Path | None, native: NativeKernels | None = None,
-                       ) -> Dispatch | None:
-    """Quantize ``model``'s linear layers in place for ``mode``; None when it keeps its floats."""
+                       weights_cache: tuple[Path, list[Path]] | None = None) -> Dispatch | None:
+    """Quantize ``model``'s linear layers in place for ``mode``; None when it keeps its floats.
+
+    ``weights_cache``: (folder, the checkpoint's files) to load packed weights from, or store
+    them in, instead of quantizing on every start."""
     if mode == "none":
         return None
     if device.type != "cpu":
@@ -67,7 +71,26 @@ def apply_quantization(model: nn.Module, mode: str, dtype: torch.dtype, device: 
     if dispatch.formats == ["none"]:
         logger.info("quantization %s: the float weights measured fastest at every size", mode)
         return None
-    nbytes = quantize_model(model, dispatch, dtype, native, exact_int4=exact_int4)
+    nbytes = _quantize_cached(model, dispatch, dtype, native, exact_int4, weights_cache)
     logger.info("quantization %s: %s; linear weights %.0f MiB", mode, dispatch.describe(),
                 nbytes / (1 << 20))
     return dispatch
+
+
+def _quantize_cached(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
+                     native: NativeKernels | None, exact_int4: bool,
+                     weights_cache: tuple[Path, list[Path]] | None) -> int:
+    if weights_cache is None:
+        return quantize_model(model, dispatch, dtype, native, exact_int4=exact_int4)
+    folder, files = weights_cache
+    path = folder / f"{quant_cache.cache_key(files, dispatch, dtype, exact_int4)}.safetensors"
+    nbytes = quant_cache.load(model, path, dtype, native)
+    if nbytes is not None:
+        logger.info("quantized weights loaded from %s", path)
+        return nbytes
+    nbytes = quantize_model(model, dispatch, dtype, native, exact_int4=exact_int4)
+    try:
+        quant_cache.save(model, path)
+    except OSError as exc:      # a read-only cache costs the next start, nothing more
+        logger.warning("cannot write the quantized-weight cache %s: %s", path, exc)
+    return nbytes
