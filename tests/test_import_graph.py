@@ -150,3 +150,12 @@ def test_no_import_cycles() -> None:
 
 def _is_package_of(package: str, module: str) -> bool:
     return module.startswith(package + ".") and (ROOT / package.replace(".", "/")).is_dir()
+
+
+def test_the_v1_api_process_never_imports_torch() -> None:
+    """Its start-up then overlaps the core's instead of repeating its 2+ s torch import."""
+    import subprocess
+    import sys
+    code = ("import sys, engine_v1, shared.api.server, shared.cli.main; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
