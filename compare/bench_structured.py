@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     log = Path(tempfile.mkdtemp()) / "server.log"
-    with ServerProcess(args.engine, ["--max-num-seqs", "16"], log) as srv:
+    with ServerProcess(args.engine, ["--max-num-seqs", "16", "--enable-debug-endpoints"], log) as srv:
         srv.start()
         _measured(srv.base_url, _bodies(None)[:2])                      # warm-up, compiles SCHEMA
         constrained, fig_c = _measured(srv.base_url, _bodies(None))

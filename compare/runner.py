@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -20,6 +21,8 @@ from compare.metrics import RequestResult, compute_metrics
 from compare.server_proc import ServerProcess, ServerSettings
 from compare.server_stats import server_figures, take_snapshot
 from compare.workload import SampleRequest, Workload, decode_prompts, ordinary_vocab, sample_requests
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Runner:
         self.cfg = cfg
         self.model_paths: dict[str, str] = {}
         self.bar: tqdm | None = None
+        self._warned = False       # about a server without /debug/stats, once
 
     def run(self) -> list[RunRecord]:
         cfg = self.cfg
@@ -121,6 +125,10 @@ class Runner:
             assert self.bar is not None
             self.bar.set_description(f"{model} {engine} r{rep} {ds.workload.name}")
             before = take_snapshot(base_url, target.headers(), local)
+            if before.stats is None and not self._warned:
+                self._warned = True
+                logger.warning("%s/debug/stats gave nothing: client figures only (a twinserve "
+                               "server needs --enable-debug-endpoints for server figures)", base_url)
             results, duration = asyncio.run(run_workload(target, ds.workload, ds.requests, ds.prompts,
                                                          lambda: self.bar.update(1)))  # type: ignore[union-attr]
             after = take_snapshot(base_url, target.headers(), local)

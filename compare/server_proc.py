@@ -28,7 +28,8 @@ class ServerSettings:
                 "--max-num-seqs", str(self.max_num_seqs),
                 "--max-num-batched-tokens", str(self.max_num_batched_tokens),
                 "--kv-cache-size", str(self.kv_cache_size_gb), "--dtype", self.dtype,
-                "--max-waiting-requests", "100000"]
+                "--max-waiting-requests", "100000",
+                "--enable-debug-endpoints"]     # step phases and CPU come from /debug/stats
 
 
 class ServerProcess(_Launcher):

@@ -102,7 +102,14 @@ class ServerConfig:
     allowed_headers: str = "*"
     allow_credentials: bool = False
     trace: bool = False               # trace every request's lifecycle (/debug/lifecycle)
+    # /debug/* and the X-Twinserve-Trace header: off by default, since traces hold other
+    # clients' text and /debug/stats names pids and the IPC folder. --trace implies it.
+    enable_debug_endpoints: bool = False
     trace_decode: bool = False        # traces keep every decode step instead of a summary
+
+    @property
+    def debug_enabled(self) -> bool:
+        return self.enable_debug_endpoints or self.trace or self.trace_decode
 
     def __post_init__(self) -> None:
         if self.engine not in ("v0", "v1"):

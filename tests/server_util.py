@@ -34,7 +34,8 @@ class Server:
 
 
 def start_server(engine: str, log_path: Path, *extra: str) -> Server:
-    """Small limits so tests can reach them; ``extra`` flags come last and win.
+    """Small limits so tests can reach them, debug endpoints on (the suite reads /debug/stats);
+    ``extra`` flags come last and win (``--no-enable-debug-endpoints`` for the default).
 
     The default model is fetched here first if missing (as the ``default_model_dir`` fixture
     does), so a first download never eats into the server's start timeout.
@@ -42,7 +43,7 @@ def start_server(engine: str, log_path: Path, *extra: str) -> Server:
     if "--model" not in extra:
         resolve_model(None)
     flags = ["--max-num-seqs", "32", "--kv-cache-size", "0.25", "--max-waiting-requests", "64",
-             "--api-key", API_KEY, *extra]
+             "--api-key", API_KEY, "--enable-debug-endpoints", *extra]
     process = ServerProcess(engine, flags, log_path)
     process.start(_START_TIMEOUT_S)
     assert process.proc is not None

@@ -159,11 +159,12 @@ def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
         Route("/tokenize", g(tokenize), methods=["POST"]),
         Route("/detokenize", g(detokenize), methods=["POST"]),
         Route("/metrics", g(metrics), methods=["GET"]),
-        Route("/debug/stats", g(debug_stats), methods=["GET"]),
-        Route("/debug/lifecycle", g(lifecycle_all), methods=["GET"]),
-        Route("/debug/lifecycle/{request_id}", g(lifecycle), methods=["GET"]),
         Route("/openapi.json", g(openapi), methods=["GET"]),
     ]
+    if config.debug_enabled:
+        routes += [Route("/debug/stats", g(debug_stats), methods=["GET"]),
+                   Route("/debug/lifecycle", g(lifecycle_all), methods=["GET"]),
+                   Route("/debug/lifecycle/{request_id}", g(lifecycle), methods=["GET"])]
     middleware = [Middleware(AuthMiddleware, api_key=config.api_key)]
     if config.allowed_origins:      # outermost: a browser's preflight carries no API key
         middleware.insert(0, Middleware(

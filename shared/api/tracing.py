@@ -24,6 +24,8 @@ _OFF = {"0", "off", "false", "no"}
 
 def trace_mode(header: str | None, config: ServerConfig) -> str | None:
     """None (not traced), "on" (decode steps summarised) or "all" (every step kept)."""
+    if not config.debug_enabled:
+        return None         # nobody could read the trace: record nothing
     value = (header or "").strip().lower()
     if value in _OFF or (not value and not config.trace):
         return None

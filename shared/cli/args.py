@@ -31,6 +31,8 @@ HELP = {
     "allowed_methods": "CORS: methods allowed (with --allowed-origins)",
     "allowed_headers": "CORS: request headers allowed (with --allowed-origins)",
     "allow_credentials": "CORS: allow credentials (with --allowed-origins)",
+    "enable_debug_endpoints": "serve /debug/stats and /debug/lifecycle and honour the "
+                              "X-Twinserve-Trace header (off: 404, header ignored)",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",

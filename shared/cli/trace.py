@@ -100,7 +100,7 @@ def fetch(server: TracedServer, path: str) -> dict:
 def start(engine: str, model: str | None = None, dtype: str | None = None) -> TracedServer:
     """``twinserve serve`` on loopback with a random API key; returns once /health is ok."""
     key = secrets.token_hex(16)
-    flags = ["--api-key", key]
+    flags = ["--api-key", key, "--enable-debug-endpoints"]
     flags += ["--model", model] if model else []
     flags += ["--dtype", dtype] if dtype else []
     log_path = Path(tempfile.mkdtemp(prefix="twinserve-trace-")) / "server.log"

@@ -2,24 +2,12 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from tests.server_util import ENGINES, start_server, stop_server
 from tests.shared.api.api_helpers import CHAT, HELLO
+from tests.shared.api.conftest import ORIGIN
 
-ORIGIN = "https://app.example"
 PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "authorization,content-type"}
-
-
-@pytest.fixture(scope="module", params=ENGINES)
-def cors_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                default_model_dir: str):
-    log_path = tmp_path_factory.mktemp(f"cors-{request.param}") / "server.log"
-    srv = start_server(request.param, log_path, "--allowed-origins", f'["{ORIGIN}"]',
-                       "--allowed-methods", "GET,POST", "--allow-credentials")
-    yield srv
-    assert stop_server(srv) == 0, log_path.read_text()[-3000:]
 
 
 def test_off_by_default(server):
@@ -30,8 +18,8 @@ def test_off_by_default(server):
         assert "access-control-allow-origin" not in r.headers
 
 
-def test_preflight_needs_no_api_key(cors_server):
-    with httpx.Client(base_url=cors_server.base_url, timeout=30) as c:
+def test_preflight_needs_no_api_key(edge_server):
+    with httpx.Client(base_url=edge_server.base_url, timeout=30) as c:
         r = c.options(CHAT, headers=PREFLIGHT)
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == ORIGIN
@@ -39,18 +27,18 @@ def test_preflight_needs_no_api_key(cors_server):
     assert set(r.headers["access-control-allow-methods"].replace(" ", "").split(",")) == {"GET", "POST"}
 
 
-def test_other_origins_and_methods_refused(cors_server):
-    with httpx.Client(base_url=cors_server.base_url, timeout=30) as c:
+def test_other_origins_and_methods_refused(edge_server):
+    with httpx.Client(base_url=edge_server.base_url, timeout=30) as c:
         r = c.options(CHAT, headers={**PREFLIGHT, "Origin": "https://evil.example"})
         assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
         r = c.options(CHAT, headers={**PREFLIGHT, "Access-Control-Request-Method": "DELETE"})
         assert r.status_code == 400
 
 
-def test_actual_request_gets_cors_headers_and_still_needs_the_key(cors_server):
-    with cors_server.client() as c:
+def test_actual_request_gets_cors_headers_and_still_needs_the_key(edge_server):
+    with edge_server.client() as c:
         r = c.post(CHAT, json={"messages": HELLO, "max_tokens": 1}, headers={"Origin": ORIGIN})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
-    with httpx.Client(base_url=cors_server.base_url, timeout=30) as c:
+    with httpx.Client(base_url=edge_server.base_url, timeout=30) as c:
         r = c.post(CHAT, json={"messages": HELLO, "max_tokens": 1}, headers={"Origin": ORIGIN})
     assert r.status_code == 401

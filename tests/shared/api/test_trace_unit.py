@@ -22,7 +22,7 @@ def _run(app: Starlette, fn):
 
 
 def _app(engine: FakeEngine, **cfg) -> Starlette:
-    return build_app(engine, ServerConfig(engine="v0", **cfg))
+    return build_app(engine, ServerConfig(engine="v0", **{"enable_debug_endpoints": True, **cfg}))
 
 
 def test_server_flag_traces_every_request_and_header_opts_out() -> None:

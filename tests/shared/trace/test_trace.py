@@ -137,12 +137,19 @@ def test_store_groups_children_and_keeps_a_bounded_ring() -> None:
     (None, True, False, "on"), ("0", True, False, None), (None, True, True, "all"),
 ])
 def test_trace_mode(header: str | None, trace: bool, decode: bool, expected: str | None) -> None:
-    assert trace_mode(header, ServerConfig(trace=trace, trace_decode=decode)) == expected
+    cfg = ServerConfig(trace=trace, trace_decode=decode, enable_debug_endpoints=True)
+    assert trace_mode(header, cfg) == expected
+
+
+def test_without_debug_endpoints_the_header_is_ignored() -> None:
+    for header in ("1", "all", "maybe"):
+        assert trace_mode(header, ServerConfig()) is None
+    assert trace_mode(None, ServerConfig(trace=True)) == "on"      # --trace turns them on
 
 
 def test_trace_mode_rejects_junk() -> None:
     with pytest.raises(APIError):
-        trace_mode("maybe", ServerConfig())
+        trace_mode("maybe", ServerConfig(enable_debug_endpoints=True))
 
 
 def _sample_trace() -> dict:
