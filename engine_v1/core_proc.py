@@ -14,6 +14,8 @@ import queue
 import signal
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,8 @@ class EngineCoreProc:
         self.ctx = zmq.Context()
         self.out_sock = self.ctx.socket(zmq.PUSH)
         self.out_sock.connect(output_addr)
-        self.output_thread = threading.Thread(target=self._output_loop, name="core-output", daemon=True)
+        self.output_thread = threading.Thread(target=_loud(self._output_loop), name="core-output",
+                                              daemon=True)
         self.output_thread.start()
         # Connect the input side before the (slow) model load, so the link is up by READY.
         self.in_sock = self.ctx.socket(zmq.PULL)
@@ -50,7 +53,7 @@ class EngineCoreProc:
             self.fail(f"engine core failed to start: {type(e).__name__}: {e}")
             self.close()  # flush the failure to the API process before exiting
             raise
-        threading.Thread(target=self._input_loop, name="core-input", daemon=True).start()
+        threading.Thread(target=_loud(self._input_loop, self), name="core-input", daemon=True).start()
         self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid()))
         self._running = True
         self._idle_reported = True
@@ -138,6 +141,21 @@ class EngineCoreProc:
         self.output_queue.put(_STOP)
         self.output_thread.join(timeout=5)
         self.ctx.destroy(linger=1000)
+
+
+def _loud(target: Callable[[], None], proc: EngineCoreProc | None = None) -> Callable[[], None]:
+    """A core thread that dies takes the core process down (the API process sees it exit and
+    fails every request) instead of leaving it alive and deaf."""
+    def run() -> None:
+        try:
+            target()
+        except BaseException as e:  # noqa: BLE001 - any escape is fatal, and said so
+            traceback.print_exc()
+            if proc is not None:    # the output thread may still carry the reason
+                proc.fail(f"engine core thread {threading.current_thread().name} died: {e!r}")
+                time.sleep(0.2)
+            os._exit(1)
+    return run
 
 
 def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str) -> None:

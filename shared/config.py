@@ -23,6 +23,7 @@ class ModelConfig:
     # Testing only: the forward pass raises after this many steps (0: never), so tests can
     # check that a dying engine fails requests cleanly in both topologies.
     debug_fail_after_steps: int = 0
+    debug_hang_after_steps: int = 0   # testing only: the forward pass never returns after N steps
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -105,6 +106,8 @@ class ServerConfig:
     # /debug/* and the X-Twinserve-Trace header: off by default, since traces hold other
     # clients' text and /debug/stats names pids and the IPC folder. --trace implies it.
     enable_debug_endpoints: bool = False
+    engine_step_timeout: float = 60.0     # seconds without progress, requests in flight: dead
+    keep_alive_on_engine_death: bool = False  # else exit non-zero a few seconds after it dies
     trace_decode: bool = False        # traces keep every decode step instead of a summary
 
     @property
@@ -114,5 +117,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.engine not in ("v0", "v1"):
             raise ValueError(f"engine must be v0 or v1, not {self.engine!r}")
+        if not self.engine_step_timeout > 0:
+            raise ValueError("engine_step_timeout must be > 0")
         if not 0 <= self.port < 65536:
             raise ValueError("port must be in [0, 65535]")

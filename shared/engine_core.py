@@ -111,6 +111,9 @@ class EngineCore:
         fail_after = self.config.model.debug_fail_after_steps
         if fail_after and self._num_forwards > fail_after:
             raise RuntimeError(f"injected forward failure after {fail_after} steps")
+        hang_after = self.config.model.debug_hang_after_steps
+        while hang_after and self._num_forwards > hang_after:
+            time.sleep(1.0)     # a forward that never returns, for the watchdog's tests
         traced = batch.sched.traced
         if traced:
             self._trace_batch(batch.sched, Step.FORWARD, "forward launched",

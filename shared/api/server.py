@@ -28,6 +28,7 @@ from shared.api.serving_chat import ChatServing
 from shared.api.serving_completion import CompletionServing
 from shared.api.serving_responses import ResponsesServing
 from shared.api.state import AppState
+from shared.api.watchdog import EngineWatchdog
 from shared.config import ServerConfig
 from shared.errors import ParamError
 from shared.frontend.engine_client import EngineClient
@@ -213,16 +214,21 @@ class _Server(uvicorn.Server):
             self.twinserve.loop_probe.start()
 
 
-async def run_server(engine: EngineClient, config: ServerConfig) -> None:
-    """Serve until SIGINT/SIGTERM, then abort in-flight requests and shut the engine down."""
+async def run_server(engine: EngineClient, config: ServerConfig) -> int:
+    """Serve until SIGINT/SIGTERM (exit code 0), or until the engine died (1: see watchdog.py);
+    then abort in-flight requests and shut the engine down."""
     app = build_app(engine, config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, lifespan="off",
                                log_level="warning", access_log=False,
                                timeout_graceful_shutdown=_SHUTDOWN_GRACE_S)
     server = _Server(uv_config, app.state.twinserve)
+    watchdog = EngineWatchdog(engine, config.engine_step_timeout, config.keep_alive_on_engine_death,
+                              on_exit=lambda: server.handle_exit(signal.SIGTERM, None))
+    watchdog.start()
     try:
         await server.serve()
     finally:
+        await watchdog.stop()
         await app.state.twinserve.loop_probe.stop()
         for fan in list(app.state.twinserve.inflight):
             fan.close()
@@ -230,3 +236,7 @@ async def run_server(engine: EngineClient, config: ServerConfig) -> None:
             await asyncio.wait_for(engine.shutdown(), _ENGINE_SHUTDOWN_S)
         except Exception as exc:  # shutting down anyway; say why it was not clean
             print(f"twinserve: engine shutdown failed: {exc!r}", file=sys.stderr, flush=True)
+    if watchdog.exit_requested:
+        print("twinserve: exiting after engine death", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -33,9 +33,14 @@ HELP = {
     "allow_credentials": "CORS: allow credentials (with --allowed-origins)",
     "enable_debug_endpoints": "serve /debug/stats and /debug/lifecycle and honour the "
                               "X-Twinserve-Trace header (off: 404, header ignored)",
+    "engine_step_timeout": "seconds the engine may go without progress while requests are in "
+                           "flight before it is declared dead (vLLM's engine iteration timeout)",
+    "keep_alive_on_engine_death": "after the engine dies, keep answering 503 instead of exiting "
+                                  "non-zero (for a supervisor to restart the server)",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
+    "debug_hang_after_steps": "testing only: make the forward pass hang after N steps",
     "attention_backend": "auto | native | torch | triton (auto: Triton kernels on CUDA, the native "
                          "C kernels on CPU, torch where neither is available)",
     "gpu_memory_utilization": "CUDA: share of free GPU memory for weights + KV cache when "

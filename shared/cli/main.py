@@ -45,8 +45,14 @@ async def _serve(engine_config: EngineConfig, server_config: ServerConfig) -> in
         from engine_v1 import AsyncLLM
 
         engine = AsyncLLM(engine_config, server_config.max_waiting_requests)
-    await run_server(engine, server_config)
-    return 0
+    code = await run_server(engine, server_config)
+    if code != 0:
+        # The engine died: a thread stuck in it (a hung forward) can never be joined, and
+        # asyncio.run would wait for it at exit (shutdown_default_executor).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_fetch_model(ns: argparse.Namespace) -> int:

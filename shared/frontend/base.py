@@ -53,6 +53,7 @@ class EngineFrontend:
         self.traces = TraceStore()
         self.tracer = Tracer(self.process_name, sink=self.traces.add)
         self._traced: dict[str, int] = {}     # request id -> outputs seen so far
+        self._last_progress = time.monotonic()  # an output from the engine (see stalled_for)
 
     # -- hooks for the engines ---------------------------------------------------------------
     def _submit(self, request: EngineCoreRequest) -> None:
@@ -78,6 +79,8 @@ class EngineFrontend:
             self.tracer.begin(request_id, keep_all)
             self._traced[request_id] = 0
         self.output_processor.add_request(request_id, prompt_token_ids, params)
+        if not self._queues:        # the engine was idle: its stall clock starts now
+            self._last_progress = time.monotonic()
         self._queues[request_id] = queue
         finished = False
         try:
@@ -110,6 +113,15 @@ class EngineFrontend:
     async def check_health(self) -> None:
         self._check_alive()
 
+    def stalled_for(self) -> float | None:
+        if not self._queues or self._dead is not None:
+            return None
+        return time.monotonic() - self._last_progress
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
     async def get_stats(self) -> dict[str, Any]:
         return {**self._stats, "num_in_flight": len(self._queues),
                 "step_totals": dict(self._step_totals),
@@ -119,6 +131,7 @@ class EngineFrontend:
     def process_engine_outputs(self, outputs: EngineCoreOutputs) -> None:
         """Detokenize, check stop strings, feed each request's stream (lifecycle step 12)."""
         t0 = time.perf_counter()
+        self._last_progress = time.monotonic()
         if outputs.trace_events:    # before any stream is fed, so a finished trace is whole
             self.traces.add_all(outputs.trace_events)
         processed = self.output_processor.process_outputs(outputs.outputs)

@@ -30,6 +30,18 @@ class EngineClient(Protocol):
         """Raise ``EngineDeadError`` if the engine cannot serve."""
         ...
 
+    def stalled_for(self) -> float | None:
+        """Seconds since the engine last made progress while requests are in flight (None:
+        nothing in flight); the watchdog declares it dead past ``--engine-step-timeout``."""
+        ...
+
+    def fail_all(self, error: BaseException) -> None:
+        """The engine is dead: end every in-flight request with ``error``, refuse new ones."""
+        ...
+
+    @property
+    def is_dead(self) -> bool: ...
+
     async def get_stats(self) -> dict:
         """Latest scheduler stats and step timings, for /metrics and the compare harness."""
         ...

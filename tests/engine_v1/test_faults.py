@@ -1,6 +1,8 @@
-"""v1 fault handling: a dying core fails requests cleanly; shutdown leaves nothing behind."""
+"""Fault handling: a dying or stalled engine fails requests cleanly and the server exits for a
+supervisor (or stays up with --keep-alive-on-engine-death); shutdown leaves nothing behind."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -11,6 +13,7 @@ import httpx
 import psutil
 import pytest
 
+from shared.api.watchdog import DEATH_GRACE_S
 from tests.server_util import ENGINES, Server, start_server, stop_server
 from tests.shared.api.api_helpers import CHAT, HELLO, assert_error, sse_data
 
@@ -61,22 +64,56 @@ def test_core_killed_fails_requests_and_health(tmp_path: Path) -> None:
         assert events[-1] == "[DONE]" and "error" in events[-2]
         with server.client() as c:
             assert_error(c.post(CHAT, json={"messages": HELLO, "max_tokens": 4}), 503)
+        # vLLM's policy: after a grace period of 503s the server exits non-zero for a supervisor.
+        assert server.proc.wait(DEATH_GRACE_S + 10) == 1
     finally:
-        assert stop_server(server) == 0
+        stop_server(server)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_forward_raising_kills_engine_cleanly(engine: str, tmp_path: Path) -> None:
-    server = start_server(engine, tmp_path / "server.log", "--debug-fail-after-steps", "3")
+    server = start_server(engine, tmp_path / "server.log", "--debug-fail-after-steps", "3",
+                          "--keep-alive-on-engine-death")
     try:
         with server.client() as c:
             resp = c.post(CHAT, json={"messages": HELLO, "max_tokens": 20, "ignore_eos": True})
             assert resp.status_code >= 500
             assert "error" in resp.json()
             _wait_health(server, 503, timeout=5)
+            if engine == "v1":      # with the flag it stays up past the grace period
+                time.sleep(DEATH_GRACE_S + 1)
             assert_error(c.post(CHAT, json={"messages": HELLO, "max_tokens": 4}), 503)
     finally:
         assert stop_server(server) == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stalled_engine_is_declared_dead(engine: str, tmp_path: Path) -> None:
+    """v1: the core is SIGSTOPped; v0: the forward pass hangs (test hook). Either way the
+    watchdog fails the stream, /health turns 503, and the server exits 1 after the grace."""
+    hang = ["--debug-hang-after-steps", "20"] if engine == "v0" else []
+    server = start_server(engine, tmp_path / "server.log", "--engine-step-timeout", "2", *hang)
+    core_pid = None
+    try:
+        with server.client() as c:
+            core_pid = c.get("/debug/stats").json()["pids"]["core"]
+        lines: list[str] = []
+        reader, first = _stream_in_background(server, lines)
+        assert first.wait(60)
+        if engine == "v1":
+            os.kill(core_pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _wait_health(server, 503, timeout=10)
+        assert time.monotonic() - t0 < 2 + 3      # the timeout plus the watchdog's polling
+        reader.join(10)
+        assert not reader.is_alive()
+        events = sse_data(lines)
+        assert events[-1] == "[DONE]" and "no progress" in json.dumps(events[-2])
+        assert server.proc.wait(DEATH_GRACE_S + 10) == 1
+    finally:
+        stop_server(server)
+        if engine == "v1" and core_pid and psutil.pid_exists(core_pid):
+            os.kill(core_pid, signal.SIGKILL)
 
 
 def test_sigterm_stops_core_and_removes_sockets(tmp_path: Path) -> None:
@@ -101,3 +138,22 @@ def test_core_that_fails_to_start_exits_nonzero(tmp_path: Path) -> None:
     (bad / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(RuntimeError, match="exited with"):
         start_server("v1", tmp_path / "server.log", "--model", str(bad))
+
+
+
+def test_a_core_thread_that_dies_takes_the_core_down_loudly(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """The core's input and output threads run under _loud: an exception escaping one exits
+    the process (the API process then sees the core gone and fails its requests)."""
+    from engine_v1 import core_proc
+
+    exits: list[int] = []
+    monkeypatch.setattr(core_proc.os, "_exit", exits.append)
+
+    def broken() -> None:
+        raise ValueError("undecodable frame")
+
+    core_proc._loud(broken)()
+    assert exits == [1] and "undecodable frame" in capsys.readouterr().err
+    core_proc._loud(lambda: None)()
+    assert exits == [1]                 # a thread that ends normally exits nothing

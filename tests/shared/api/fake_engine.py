@@ -65,6 +65,16 @@ class FakeEngine:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    def stalled_for(self) -> float | None:
+        return None
+
+    def fail_all(self, error: BaseException) -> None:
+        self.healthy = False
+
+    @property
+    def is_dead(self) -> bool:
+        return not self.healthy
+
     async def check_health(self) -> None:
         if not self.healthy:
             raise EngineDeadError("fake engine is unhealthy")
