@@ -94,6 +94,14 @@ class ServerConfig:
     served_model_name: str | None = None
     max_waiting_requests: int = 256
     max_body_bytes: int = 1 << 20
+    # Slow and idle clients (a normal client never meets these): seconds to send the request
+    # headers (then the connection is closed) and the body (408), idle keep-alive seconds,
+    # the header block's size (400 past it) and open connections (503 past it).
+    timeout_header: float = 10.0
+    timeout_body: float = 30.0
+    timeout_keep_alive: float = 5.0
+    max_header_bytes: int = 16 << 10
+    limit_concurrency: int = 1024
     max_stop_strings: int = 16
     max_logprobs: int = 20
     max_n: int = 16
@@ -117,6 +125,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.engine not in ("v0", "v1"):
             raise ValueError(f"engine must be v0 or v1, not {self.engine!r}")
+        for name in ("timeout_header", "timeout_body", "timeout_keep_alive"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_header_bytes < 1024 or self.limit_concurrency < 1:
+            raise ValueError("max_header_bytes must be >= 1024 and limit_concurrency >= 1")
         if not self.engine_step_timeout > 0:
             raise ValueError("engine_step_timeout must be > 0")
         if not 0 <= self.port < 65536:

@@ -43,7 +43,8 @@ def start_server(engine: str, log_path: Path, *extra: str) -> Server:
     if "--model" not in extra:
         resolve_model(None)
     flags = ["--max-num-seqs", "32", "--kv-cache-size", "0.25", "--max-waiting-requests", "64",
-             "--api-key", API_KEY, "--enable-debug-endpoints", *extra]
+             "--api-key", API_KEY, "--enable-debug-endpoints",
+             "--timeout-header", "2", "--timeout-body", "2", *extra]   # short, for the slow-client tests
     process = ServerProcess(engine, flags, log_path)
     process.start(_START_TIMEOUT_S)
     assert process.proc is not None

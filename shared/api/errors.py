@@ -14,8 +14,10 @@ _KINDS: dict[int, tuple[str, str | None]] = {
     401: ("authentication_error", "invalid_api_key"),
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
+    408: ("invalid_request_error", "request_timeout"),
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "queue_full"),
+    431: ("invalid_request_error", "request_headers_too_large"),
     500: ("server_error", "internal_error"),
     503: ("server_error", "engine_unavailable"),
 }

@@ -19,14 +19,22 @@ class ClientGone(Exception):
     """The client closed the connection before the response was ready."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) anything over ``limit`` bytes, declared or not."""
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
+    """The whole body, refusing (413) anything over ``limit`` bytes, declared or not, and
+    (408) a body not received within ``timeout`` seconds."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise APIError(400, "invalid Content-Length header")
         if int(declared) > limit:
             raise _too_large(limit)
+    try:
+        return await asyncio.wait_for(_read(request, limit), timeout)
+    except TimeoutError:
+        raise APIError(408, f"the request body was not received within {timeout:g} s") from None
+
+
+async def _read(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

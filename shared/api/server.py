@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from shared.api.errors import APIError, to_api_error
+from shared.api.http_limits import HeaderLimitMiddleware, guarded_h11
 from shared.api.httputil import AuthMiddleware, read_body
 from shared.api.openapi import openapi_schema
 from shared.api.protocol import DetokenizeRequest, TokenizeRequest, decode_body, to_builtins
@@ -75,7 +76,7 @@ async def models(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     st = _state(request)
-    req = decode_body(await read_body(request, st.config.max_body_bytes), TokenizeRequest)
+    req = decode_body(await read_body(request, st.config.max_body_bytes, st.config.timeout_body), TokenizeRequest)
     check_model(req.model, st.accepted_models)
     tok = st.engine.tokenizer
     if isinstance(req.prompt, str) == isinstance(req.messages, list):
@@ -90,7 +91,7 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     st = _state(request)
-    req = decode_body(await read_body(request, st.config.max_body_bytes), DetokenizeRequest)
+    req = decode_body(await read_body(request, st.config.max_body_bytes, st.config.timeout_body), DetokenizeRequest)
     check_model(req.model, st.accepted_models)
     check_token_ids(req.tokens, st.engine.model_info.vocab_size, "tokens")
     return json_response({"prompt": st.engine.tokenizer.decode(req.tokens)})
@@ -166,7 +167,8 @@ def build_app(engine: EngineClient, config: ServerConfig) -> Starlette:
         routes += [Route("/debug/stats", g(debug_stats), methods=["GET"]),
                    Route("/debug/lifecycle", g(lifecycle_all), methods=["GET"]),
                    Route("/debug/lifecycle/{request_id}", g(lifecycle), methods=["GET"])]
-    middleware = [Middleware(AuthMiddleware, api_key=config.api_key)]
+    middleware = [Middleware(HeaderLimitMiddleware, max_bytes=config.max_header_bytes),
+                  Middleware(AuthMiddleware, api_key=config.api_key)]
     if config.allowed_origins:      # outermost: a browser's preflight carries no API key
         middleware.insert(0, Middleware(
             CORSMiddleware, allow_origins=_names(config.allowed_origins),
@@ -220,7 +222,11 @@ async def run_server(engine: EngineClient, config: ServerConfig) -> int:
     app = build_app(engine, config)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, lifespan="off",
                                log_level="warning", access_log=False,
-                               timeout_graceful_shutdown=_SHUTDOWN_GRACE_S)
+                               timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
+                               http=guarded_h11(config.timeout_header),
+                               timeout_keep_alive=config.timeout_keep_alive,  # type: ignore[arg-type]
+                               h11_max_incomplete_event_size=config.max_header_bytes,
+                               limit_concurrency=config.limit_concurrency)
     server = _Server(uv_config, app.state.twinserve)
     watchdog = EngineWatchdog(engine, config.engine_step_timeout, config.keep_alive_on_engine_death,
                               on_exit=lambda: server.handle_exit(signal.SIGTERM, None))

@@ -131,7 +131,8 @@ class Serving:
         st = self.state
         trace = start_trace(st.tracer, st.traces, st.config, request, request_id, self.__call__)
         try:
-            body = await read_body(request, self.state.config.max_body_bytes)
+            body = await read_body(request, self.state.config.max_body_bytes,
+                                   self.state.config.timeout_body)
             prepared = self.prepare(body, trace)
         except Exception:
             if trace is not None:   # a refused request keeps its partial trace

@@ -37,6 +37,11 @@ HELP = {
                            "flight before it is declared dead (vLLM's engine iteration timeout)",
     "keep_alive_on_engine_death": "after the engine dies, keep answering 503 instead of exiting "
                                   "non-zero (for a supervisor to restart the server)",
+    "timeout_header": "seconds a client has to send a request's headers; then the connection is closed",
+    "timeout_body": "seconds a client has to send a request's body; then 408",
+    "timeout_keep_alive": "seconds an idle keep-alive connection stays open",
+    "max_header_bytes": "largest request header block accepted (larger: 400)",
+    "limit_concurrency": "open connections served at once (past it: 503)",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
