@@ -60,6 +60,7 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    debug_fail_request_seed: int | None = None  # testing only: requests with this seed fail
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

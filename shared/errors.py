@@ -18,5 +18,9 @@ class EngineDeadError(RuntimeError):
     """The engine cannot serve any more (HTTP 503)."""
 
 
+class RequestFailedError(RuntimeError):
+    """This one request failed inside the engine, which goes on serving the others (HTTP 500)."""
+
+
 class QueueFullError(RuntimeError):
     """Too many requests are waiting (HTTP 429)."""

@@ -136,6 +136,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     # With the first output token: one entry per prompt token, None for the first.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # This request failed in the core (finish_reason "abort"); the others go on.
+    error: str | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):

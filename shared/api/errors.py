@@ -6,7 +6,13 @@ import logging
 import msgspec
 from starlette.responses import Response
 
-from shared.errors import EngineDeadError, ParamError, QueueFullError, RequestTooLongError
+from shared.errors import (
+    EngineDeadError,
+    ParamError,
+    QueueFullError,
+    RequestFailedError,
+    RequestTooLongError,
+)
 
 # status -> (OpenAI error type, default code)
 _KINDS: dict[int, tuple[str, str | None]] = {
@@ -59,6 +65,8 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(429, str(exc) or "too many requests are waiting; retry later")
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc) or "the engine cannot serve requests")
+    if isinstance(exc, RequestFailedError):     # already logged once, in the core
+        return APIError(500, str(exc), code="request_failed")
     # Unexpected: log the traceback for the operator, name only the class to the client.
     log.error("internal error while serving a request", exc_info=exc)
     return APIError(500, f"internal server error ({type(exc).__name__})")

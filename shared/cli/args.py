@@ -45,6 +45,7 @@ HELP = {
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
+    "debug_fail_request_seed": "testing only: a request with this seed fails in the core (alone)",
     "debug_hang_after_steps": "testing only: make the forward pass hang after N steps",
     "attention_backend": "auto | native | torch | triton (auto: Triton kernels on CUDA, the native "
                          "C kernels on CPU, torch where neither is available)",

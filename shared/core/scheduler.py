@@ -11,18 +11,21 @@ steps while other requests keep decoding, and a preempted request recomputes the
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable
 
 from shared.config import CacheConfig, SchedulerConfig
+from shared.core.admission import check_fits, max_output_tokens
 from shared.core.kv_cache import KVCacheManager
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from shared.core.stop import check_stop
-from shared.errors import ParamError, RequestTooLongError
 from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -50,8 +53,9 @@ class Scheduler:
         """Queue a request; raises RequestTooLongError if it could never run."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        self._check_fits(request)
-        request.max_output_tokens = self._max_output_tokens(request)
+        check_fits(request, self.max_model_len, self.kv_cache_manager)
+        request.max_output_tokens = max_output_tokens(request, self.max_model_len,
+                                                      self.kv_cache_manager)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -75,31 +79,6 @@ class Scheduler:
             self._finish(req, RequestStatus.FINISHED_ABORTED)
             aborted.append(req)
         return aborted
-
-    def _check_fits(self, request: Request) -> None:
-        n = request.num_prompt_tokens
-        if n == 0:
-            raise ParamError("the prompt must contain at least one token", param="prompt")
-        if n >= self.max_model_len:
-            raise RequestTooLongError(
-                f"the prompt has {n} tokens but the model's context length is "
-                f"{self.max_model_len} tokens, which leaves no room to generate", param="prompt")
-        kv = self.kv_cache_manager
-        need = kv.num_blocks_for(n + 1)
-        if need > kv.num_blocks:
-            raise RequestTooLongError(
-                f"the prompt has {n} tokens and needs {need} KV-cache blocks of {kv.block_size} "
-                f"tokens, but the whole cache holds {kv.num_blocks} blocks "
-                f"({kv.num_blocks * kv.block_size} tokens)", param="prompt")
-
-    def _max_output_tokens(self, request: Request) -> int:
-        n = request.num_prompt_tokens
-        # k outputs need KV for n + k - 1 tokens: never promise more than the whole cache,
-        # or a lone request would outgrow it and preempt itself forever.
-        cache_tokens = self.kv_cache_manager.num_blocks * self.kv_cache_manager.block_size
-        limit = min(self.max_model_len - n, cache_tokens - n + 1)
-        max_tokens = request.sampling_params.max_tokens
-        return limit if max_tokens is None else min(max_tokens, limit)
 
     # -- schedule ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -152,12 +131,16 @@ class Scheduler:
             return False
         if req.grammar.error is None:
             return True
-        req.stop_reason = f"grammar error: {req.grammar.error}"
-        self.waiting.remove(req)
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
-        self._unsent.append(EngineCoreOutput(req.request_id, [], finish_reason="abort",
-                                             stop_reason=req.stop_reason))
+        self._unsent.append(self._fail(req, f"grammar error: {req.grammar.error}"))
         return False
+
+    def _fail(self, req: Request, message: str) -> EngineCoreOutput:
+        """End one request with an error (its own fault); the batch and the engine go on."""
+        logger.error("request %s failed in the core: %s", req.request_id, message)
+        if req.status is RequestStatus.WAITING or req.status is RequestStatus.PREEMPTED:
+            self.waiting.remove(req)
+        self._finish(req, RequestStatus.FINISHED_ABORTED)   # running: filtered out by the caller
+        return EngineCoreOutput(req.request_id, [], finish_reason="abort", error=message)
 
     def take_unsent_outputs(self) -> list[EngineCoreOutput]:
         """Outputs of requests that finished outside a step (see ``_grammar_ready``)."""
@@ -230,14 +213,23 @@ class Scheduler:
             if req.request_id in runner_output.prompt_logprobs:
                 req.prompt_logprobs.extend(runner_output.prompt_logprobs[req.request_id])
             token = runner_output.sampled_token_ids.get(req.request_id) if samples else None
-            if token is not None:
+            failed = runner_output.failed.get(req.request_id)
+            if failed is not None:
+                outputs.append(self._fail(req, failed))
+            elif token is not None:
                 logprobs = runner_output.logprobs.get(req.request_id)
-                outputs.append(self._append_token(req, token, logprobs))
+                try:
+                    outputs.append(self._append_token(req, token, logprobs))
+                except Exception as exc:  # noqa: BLE001 - one request's fault fails it alone
+                    outputs.append(self._fail(req, f"{type(exc).__name__}: {exc}"))
         if any(r.status.finished for r in self.running):
             self.running = [r for r in self.running if not r.status.finished]
         return outputs
 
     def _append_token(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> EngineCoreOutput:
+        seed = req.sampling_params.seed
+        if seed is not None and seed == self.config.debug_fail_request_seed:
+            raise RuntimeError("injected per-request fault (--debug-fail-request-seed)")
         prompt_lps = None
         if req.num_output_tokens == 0 and req.sampling_params.prompt_logprobs is not None:
             prompt_lps, req.prompt_logprobs = [None, *req.prompt_logprobs], []

@@ -50,3 +50,6 @@ class ModelRunnerOutput:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     # Logprobs of prompt tokens this step's chunks scored (requests with prompt_logprobs).
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # Requests whose own sampling work failed (e.g. their grammar's mask): they end with
+    # this error, the rest of the batch goes on.
+    failed: dict[str, str] = field(default_factory=dict)

@@ -22,9 +22,8 @@ def check_stop(req: Request, token: int, max_model_len: int) -> RequestStatus | 
     if req.num_output_tokens >= req.max_output_tokens or req.num_tokens >= max_model_len:
         status = RequestStatus.FINISHED_LENGTH
     if req.grammar is not None:
-        if not req.grammar.accept(token):
-            req.stop_reason = f"grammar error: {req.grammar.error}"
-            return RequestStatus.FINISHED_ABORTED
+        if not req.grammar.accept(token):   # the caller fails this request alone
+            raise RuntimeError(f"grammar error: {req.grammar.error}")
         if req.grammar.is_stopped:
             return RequestStatus.FINISHED_STOPPED
     return status

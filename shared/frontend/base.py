@@ -11,11 +11,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from shared.errors import EngineDeadError, QueueFullError
+from shared.errors import EngineDeadError, QueueFullError, RequestFailedError
 from shared.frontend.output_processor import OutputProcessor
 from shared.frontend.outputs import RequestOutput
 from shared.frontend.tokenizer import Tokenizer
 from shared.messages import (
+    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     ModelInfo,
@@ -134,7 +135,7 @@ class EngineFrontend:
         self._last_progress = time.monotonic()
         if outputs.trace_events:    # before any stream is fed, so a finished trace is whole
             self.traces.add_all(outputs.trace_events)
-        processed = self.output_processor.process_outputs(outputs.outputs)
+        processed = self.output_processor.process_outputs(self._take_failed(outputs.outputs))
         if processed.reqs_to_abort:
             self._abort_in_core(processed.reqs_to_abort)
         for out in processed.request_outputs:
@@ -148,6 +149,16 @@ class EngineFrontend:
         if outputs.step is not None:
             self._add_step_times(outputs.step)
         self._step_totals["output"] += time.perf_counter() - t0
+
+    def _take_failed(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+        """Requests the core failed one by one end with RequestFailedError; the rest go on."""
+        if not any(o.error is not None for o in outputs):
+            return outputs
+        for o in outputs:
+            if o.error is not None:
+                self.output_processor.abort_request(o.request_id)
+                self.fail_request(o.request_id, RequestFailedError(o.error))
+        return [o for o in outputs if o.error is None]
 
     def _trace_output(self, out: RequestOutput) -> None:
         seen = self._traced[out.request_id] = self._traced[out.request_id] + 1

@@ -24,6 +24,21 @@ class GrammarMasker:
         logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
         return logits
 
+    def apply_safely(self, logits: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]
+                     ) -> tuple[torch.Tensor, dict[int, str]]:
+        """``apply``, or when the batched call fails, row by row: a row whose own mask fails is
+        reported (its request fails alone) and the others are still masked."""
+        try:
+            return self.apply(logits, rows, matchers), {}
+        except Exception:  # noqa: BLE001 - find the row at fault
+            failed: dict[int, str] = {}
+            for row, matcher in zip(rows, matchers):
+                try:
+                    logits = self.apply(logits, [row], [matcher])
+                except Exception as exc:  # noqa: BLE001 - attributed to this row's request
+                    failed[row] = f"grammar mask failed: {type(exc).__name__}: {exc}"
+            return logits, failed
+
     def allowed(self, matchers: list[llguidance.LLMatcher], vocab_size: int) -> torch.Tensor:
         """[len(matchers), vocab_size] bool: the tokens each matcher allows next."""
         if self._executor is None:

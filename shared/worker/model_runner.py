@@ -256,6 +256,8 @@ class ModelRunner:
         if not inp.sampling_requests:
             return out
         result = self.sampler.sample(logits, inp.sampling_requests)
+        for row, message in result.failed.items():
+            out.failed[inp.sampling_requests[row].request_id] = message
         for req, tok, lp in zip(inp.sampling_requests, result.token_ids, result.logprobs):
             out.sampled_token_ids[req.request_id] = tok
             if lp is not None:

@@ -1,14 +1,15 @@
 """Next-token sampling for a batch of sequences (lifecycle step 11).
 
 Order of operations, per row: penalties -> logit_bias -> grammar mask (structured outputs) ->
-min_tokens' EOS block -> greedy argmax, or temperature -> min-p -> top-k -> top-p -> draw. Logprobs are read from the raw model logits (vLLM v1's default),
-so they describe the model, not the sampling filters.
+min_tokens' EOS block -> greedy argmax, or temperature -> min-p -> top-k -> top-p -> draw.
+Logprobs are read from the raw model logits (vLLM v1's default), so they describe the model,
+not the sampling filters.
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +28,7 @@ from shared.worker.sampling_metadata import (
 class SamplerOutput:
     token_ids: list[int]                      # one per row
     logprobs: list[TokenLogprobs | None]      # None for rows that did not ask
+    failed: dict[int, str] = field(default_factory=dict)   # row -> why its own work failed
 
 
 def row_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -89,14 +91,16 @@ class Sampler:
         if meta.penalties is not None:
             logits = apply_penalties(logits, meta.penalties)
         logits = apply_logit_bias(logits, requests)
+        failed: dict[int, str] = {}
         rows = [i for i, r in enumerate(requests) if r.grammar is not None]
         if rows:
-            logits = self._grammar.apply(logits, rows, [requests[i].grammar.matcher for i in rows])
+            logits, failed = self._grammar.apply_safely(logits, rows,
+                                                        [requests[i].grammar.matcher for i in rows])
         logits = block_stop_tokens(logits, requests)
         token_ids = self._pick(logits, meta, requests)
         if raw_logprobs is None:
-            return SamplerOutput(token_ids.tolist(), [None] * len(requests))
-        return SamplerOutput(token_ids.tolist(), gather_logprobs(raw_logprobs, token_ids, meta))
+            return SamplerOutput(token_ids.tolist(), [None] * len(requests), failed)
+        return SamplerOutput(token_ids.tolist(), gather_logprobs(raw_logprobs, token_ids, meta), failed)
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of finished or aborted requests."""

@@ -19,17 +19,19 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 ORIGIN = "https://app.example"
+FAULT_SEED = 424242
 
 
 @pytest.fixture(scope="session", params=ENGINES)
 def edge_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                 default_model_dir: str):
-    """A server with CORS on, the debug endpoints left at their default (off) and at most 8
-    connections at once."""
+    """A server with CORS on, the debug endpoints left at their default (off), at most 8
+    connections at once, and requests seeded FAULT_SEED failing inside the core."""
     log_path = tmp_path_factory.mktemp(f"edge-{request.param}") / "server.log"
     srv = start_server(request.param, log_path, "--allowed-origins", f'["{ORIGIN}"]',
                        "--allowed-methods", "GET,POST", "--allow-credentials",
-                       "--no-enable-debug-endpoints", "--limit-concurrency", "8")
+                       "--no-enable-debug-endpoints", "--limit-concurrency", "8",
+                       "--debug-fail-request-seed", str(FAULT_SEED))
     yield srv
     assert stop_server(srv) == 0, log_path.read_text()[-3000:]
 

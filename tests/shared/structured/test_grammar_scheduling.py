@@ -76,7 +76,7 @@ def test_a_failed_compile_finishes_the_request_and_reports_it() -> None:
     run_step(sched, model, log)
     assert log.finish_reasons["bad"] == "abort"
     out = next(o for o in log.core_outputs[0] if o.request_id == "bad")
-    assert out.new_token_ids == [] and "unsupported" in out.stop_reason
+    assert out.new_token_ids == [] and "unsupported" in out.error
     assert sched.kv_cache_manager.get_block_ids("bad") == []
     while sched.has_unfinished_requests():
         run_step(sched, model, log)
@@ -90,7 +90,8 @@ def test_a_token_the_grammar_rejects_aborts_instead_of_running_unconstrained() -
     sched.add_request(req)
     while sched.has_unfinished_requests():
         run_step(sched, model, log)
-    assert log.finish_reasons["r"] == "abort" and "forbidden" in req.stop_reason
+    out = [o for step in log.core_outputs for o in step if o.request_id == "r"][-1]
+    assert log.finish_reasons["r"] == "abort" and "forbidden" in out.error
 
 
 def test_preemption_keeps_the_matcher_state() -> None:
@@ -105,3 +106,23 @@ def test_preemption_keeps_the_matcher_state() -> None:
     assert sched.get_stats().num_preemptions > 0
     for r in reqs:
         assert r.grammar.seen == log.outputs[r.request_id]
+
+
+def test_a_fault_in_one_requests_work_fails_only_that_request() -> None:
+    """A grammar that raises (a bug, not a refusal) ends its request with an error; the other
+    requests of the same batch finish normally."""
+    class Exploding(FakeGrammar):
+        def accept(self, token_id: int) -> bool:
+            raise KeyError("matcher state lost")
+
+    sched, model, log = make_scheduler(), FakeModel(4), RunLog()
+    bad = make_request("bad", 5, max_tokens=4)
+    bad.grammar = Exploding(is_ready=True)
+    sched.add_request(bad)
+    sched.add_request(make_request("ok", 5, max_tokens=4))
+    while sched.has_unfinished_requests():
+        run_step(sched, model, log)
+    err = [o for step in log.core_outputs for o in step if o.request_id == "bad"][-1].error
+    assert "matcher state lost" in err and log.finish_reasons["bad"] == "abort"
+    assert len(log.outputs["ok"]) == 4 and log.finish_reasons["ok"] == "length"
+    assert sched.kv_cache_manager.num_free_blocks == sched.kv_cache_manager.num_blocks
