@@ -149,6 +149,7 @@ class SchedulerStats(msgspec.Struct, array_like=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    num_tracked: int = 0                # requests the scheduler holds state for (leak check)
 
 
 class StepTimes(msgspec.Struct, array_like=True):

@@ -280,4 +280,5 @@ class Scheduler:
             num_running=self.num_running, num_waiting=self.num_waiting,
             num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
             kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
-            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions)
+            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
+            num_tracked=len(self.requests))

@@ -125,6 +125,11 @@ class EngineFrontend:
 
     async def get_stats(self) -> dict[str, Any]:
         return {**self._stats, "num_in_flight": len(self._queues),
+                # Per-request state each process holds: all zero once nothing is in flight.
+                "request_state": {"api_streams": len(self._queues),
+                                  "api_detokenizers": self.output_processor.num_requests,
+                                  "api_traced": len(self._traced),
+                                  "core_requests": self._stats.get("core_requests", 0)},
                 "step_totals": dict(self._step_totals),
                 "pids": {"api": os.getpid(), "core": self.core_pid}}
 
@@ -173,7 +178,7 @@ class EngineFrontend:
                            kv_cache_usage=s.kv_cache_usage, num_free_blocks=s.num_free_blocks,
                            num_total_blocks=s.num_total_blocks, num_preemptions=s.num_preemptions,
                            prefix_cache_queries=s.prefix_cache_queries,
-                           prefix_cache_hits=s.prefix_cache_hits)
+                           prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked)
 
     def _add_step_times(self, t: StepTimes) -> None:
         for phase in _STEP_PHASES:
