@@ -6,7 +6,7 @@ STAMP := $(VENV)/.twinserve-installed
 ENGINE ?= v1
 PORT ?= 8000
 
-.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured clean
+.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ bench-offline: install model
 # Constrained (json_schema) vs unconstrained decoding at 16 concurrent requests, plus compile times.
 bench-structured: install model
 	$(PY) -m compare.bench_structured
+
+# 10 minutes of mixed load with dropped clients and bad requests per engine; then nothing left behind.
+soak: install model
+	$(PY) -m compare.soak
 
 # Perplexity and greedy agreement of every --quantization mode on the default model (minutes).
 bench-quality: install model
