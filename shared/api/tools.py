@@ -82,7 +82,12 @@ def call_grammar(tools: list[Tool], parallel: bool) -> str:
 
 
 def _check_messages(req: ChatCompletionRequest) -> None:
+    """OpenAI's cross-field rules: content may be null only on an assistant message that
+    makes tool calls; a tool result names its call."""
     for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise ParamError(f"a {m.role} message needs content (null only on an assistant "
+                             "message with tool_calls)", param=f"messages[{i}].content")
         if m.role == "tool" and not m.tool_call_id:
             raise ParamError("a message with role 'tool' needs tool_call_id",
                              param=f"messages[{i}].tool_call_id")

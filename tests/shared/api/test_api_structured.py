@@ -66,7 +66,7 @@ def test_parse_with_a_pydantic_model(oai: openai.OpenAI, served_model: str) -> N
         population: int = pydantic.Field(ge=0, le=10**8)
         capital: bool
 
-    resp = oai.chat.completions.parse(
+    resp = oai.beta.chat.completions.parse(
         model=served_model, max_tokens=100, response_format=City,
         messages=[{"role": "user", "content": "Describe Paris."}])
     city = resp.choices[0].message.parsed

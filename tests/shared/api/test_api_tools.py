@@ -119,3 +119,17 @@ def test_bad_tool_requests_are_400s(client, served_model: str, extra: dict, para
     resp = client.post(CHAT, json={"model": served_model, "messages": ASK, "max_tokens": 5, **extra})
     assert_error(resp, 400, param)
     assert client.post(CHAT, json={"model": served_model, "messages": ASK, "max_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "user", "content": None}], "messages[0].content"),
+    ([*ASK, {"role": "assistant", "content": None}], "messages[1].content"),
+    ([*ASK, {"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+     "messages[1].tool_calls"),
+])
+def test_null_content_where_openai_refuses_it_is_a_400(client, served_model: str, messages: list,
+                                                       param: str) -> None:
+    resp = client.post(CHAT, json={"model": served_model, "messages": messages, "max_tokens": 2})
+    assert_error(resp, 400, param)
