@@ -106,6 +106,7 @@ class ServerConfig:
     max_stop_strings: int = 16
     max_logprobs: int = 20
     max_n: int = 16
+    generation_config: str = "auto"   # auto (the model's generation_config.json) | none | a folder
     responses_store_size: int = 100   # /v1/responses kept for GET and previous_response_id
     allowed_origins: str | None = None    # CORS, comma-separated or a JSON list; None: CORS off
     allowed_methods: str = "*"

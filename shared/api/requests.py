@@ -52,7 +52,8 @@ def check_model(model: str | None, accepted: set[str]) -> None:
 
 
 def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
-                 cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
+                 cfg: ServerConfig, trace: TraceHandle | None = None,
+                 defaults: dict[str, Any] | None = None) -> Prepared:
     if req.top_logprobs is not None and not req.logprobs:
         raise ParamError("top_logprobs requires logprobs to be true", param="top_logprobs")
     _check_max(req.top_logprobs, cfg.max_logprobs, "top_logprobs")
@@ -66,8 +67,10 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
         max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
     else:
         max_tokens, param = req.max_tokens, "max_tokens"
-    limit = fit_context(len(ids), max_tokens, info.max_model_len, param, "messages", None)
-    params = sampling_params(req, limit, logprobs, info, cfg)
+    defaults = defaults or {}
+    limit = fit_context(len(ids), max_tokens, info.max_model_len, param, "messages",
+                        defaults.get("max_tokens"))
+    params = sampling_params(req, limit, logprobs, info, cfg, defaults)
     if plan is not None and plan.spec is not None:
         validate(plan.spec, "tools")
         params.structured_outputs = plan.spec
@@ -77,7 +80,8 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
 
 
 def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
-                       cfg: ServerConfig, trace: TraceHandle | None = None) -> Prepared:
+                       cfg: ServerConfig, trace: TraceHandle | None = None,
+                       defaults: dict[str, Any] | None = None) -> Prepared:
     _check_max(req.logprobs, cfg.max_logprobs, "logprobs")
     _check_choices(req, cfg)
     jobs = []
@@ -88,8 +92,8 @@ def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
                    where=prepare_completion)
     for ids, text in prompts:
         limit = fit_context(len(ids), req.max_tokens, info.max_model_len, "max_tokens", "prompt",
-                            COMPLETION_DEFAULT_MAX_TOKENS)
-        params = sampling_params(req, limit, req.logprobs, info, cfg)
+                            (defaults or {}).get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS))
+        params = sampling_params(req, limit, req.logprobs, info, cfg, defaults)
         if req.echo and req.logprobs is not None:   # echoed prompt tokens get their logprobs
             params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
         jobs.append(Job(ids, params, text if req.echo else None))
@@ -184,7 +188,8 @@ def fit_context(n_prompt: int, max_tokens: int | None, max_model_len: int, param
 
 
 def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: ModelInfo,
-                    cfg: ServerConfig) -> SamplingParams:
+                    cfg: ServerConfig, defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """``defaults`` (the model's generation config) fill the sampling fields a request omits."""
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stop) > cfg.max_stop_strings:
         raise ParamError(f"at most {cfg.max_stop_strings} stop strings are allowed", param="stop")
@@ -202,6 +207,9 @@ def sampling_params(req: _Common, max_tokens: int, logprobs: int | None, info: M
         "logit_bias": logit_bias(req.logit_bias, info.vocab_size),
         "structured_outputs": structured_spec(req),
     }
+    for key, value in (defaults or {}).items():
+        if key in given and given[key] is None:
+            given[key] = value
     kwargs = {k: v for k, v in given.items() if v is not None}
     return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
 

@@ -17,7 +17,8 @@ class ChatServing(Serving):
         req = decode_body(body, ChatCompletionRequest)
         check_model(req.model, self.state.accepted_models)
         engine = self.state.engine
-        return prepare_chat(req, engine.tokenizer, engine.model_info, self.state.config, trace)
+        return prepare_chat(req, engine.tokenizer, engine.model_info, self.state.config, trace,
+                            self.state.generation_defaults)
 
     def on_output(self, ctx: Ctx, index: int, out: RequestOutput) -> list[dict]:
         choice = ctx.choice(index)

@@ -20,7 +20,8 @@ class CompletionServing(Serving):
             trace.mark(Step.VALIDATED, "body validated (no chat template)",
                        {"prompt": type(req.prompt).__name__}, where=self.prepare)
         engine = self.state.engine
-        return prepare_completion(req, engine.tokenizer, engine.model_info, self.state.config, trace)
+        return prepare_completion(req, engine.tokenizer, engine.model_info, self.state.config, trace,
+                                  self.state.generation_defaults)
 
     def on_output(self, ctx: Ctx, index: int, out: RequestOutput) -> list[dict]:
         choice = ctx.choice(index)

@@ -65,9 +65,11 @@ class ResponsesServing(Serving):
         info = engine.model_info
         ids = render_chat(engine.tokenizer, [*system, *conversation], True, trace)
         limit = fit_context(len(ids), req.max_output_tokens, info.max_model_len,
-                            "max_output_tokens", "input", None)
+                            "max_output_tokens", "input",
+                            self.state.generation_defaults.get("max_tokens"))
         try:
-            params = sampling_params(_as_common(req), limit, None, info, cfg)
+            params = sampling_params(_as_common(req), limit, None, info, cfg,
+                                     self.state.generation_defaults)
         except ParamError as e:
             raise ParamError(str(e), param=text_format_param(e.param)) from None
         return ResponsesPrepared([Job(ids, params)], 1, bool(req.stream), False, None,

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from shared.api.generation_defaults import load_generation_defaults
 from shared.api.logprobs import TokenText
 from shared.api.loop_probe import LoopLagProbe
 from shared.api.metrics import ApiMetrics
@@ -26,6 +27,8 @@ class AppState:
     accepted_models: set[str]
     traces: TraceStore                 # lifecycle traces (/debug/lifecycle)
     tracer: Tracer                     # records this process's trace events into ``traces``
+    # Request field -> the model's default for it (--generation-config), used when omitted.
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
     inflight: set[FanOut] = field(default_factory=set)   # for abort on shutdown
     loop_probe: LoopLagProbe = field(default_factory=LoopLagProbe)
 
@@ -39,4 +42,5 @@ class AppState:
         tracer = getattr(engine, "tracer", None) or Tracer("api-server", sink=traces.add)
         return cls(engine=engine, config=config, metrics=ApiMetrics(config.engine),
                    texts=TokenText(engine.tokenizer), model_name=name,
-                   accepted_models={name, info.name, info.path}, traces=traces, tracer=tracer)
+                   accepted_models={name, info.name, info.path}, traces=traces, tracer=tracer,
+                   generation_defaults=load_generation_defaults(config.generation_config, info.path))

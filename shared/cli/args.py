@@ -42,6 +42,8 @@ HELP = {
     "timeout_keep_alive": "seconds an idle keep-alive connection stays open",
     "max_header_bytes": "largest request header block accepted (larger: 400)",
     "limit_concurrency": "open connections served at once (past it: 503)",
+    "generation_config": "sampling defaults for fields a request omits: auto (the model's "
+                         "generation_config.json), none (OpenAI's defaults) or a folder with one",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
