@@ -63,6 +63,9 @@ class LLM:
         params = _per_prompt(sampling_params, len(prompts))
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        # Checked before anything is queued: a refusal half-way would leave earlier prompts in the core.
+        if any(priority or []) and self.config.scheduler.scheduling_policy != "priority":
+            raise ValueError("priority other than 0 needs LLM(scheduling_policy='priority')")
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
         return self._run(token_lists, params, texts, list(priority or [0] * len(prompts)))
