@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QUANTIZATION_MODES = ("none", "int8", "int4", "w8a8", "auto")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -60,6 +61,7 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    scheduling_policy: str = "fcfs"   # fcfs | priority (lower request priority runs first)
     debug_fail_request_seed: int | None = None  # testing only: requests with this seed fail
 
     def __post_init__(self) -> None:
@@ -67,6 +69,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be fcfs or priority, not {self.scheduling_policy!r}")
 
 
 @dataclass

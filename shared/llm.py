@@ -32,7 +32,7 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0, num_threads: int | None = None,
+                 seed: int = 0, num_threads: int | None = None, scheduling_policy: str = "fcfs",
                  core_factory: Callable[[EngineConfig, Path], CoreDriver] | None = None) -> None:
         """``core_factory`` builds the core from the config and model folder; the default is
         an in-process EngineCore, ``engine_v1.CoreProcessClient`` runs it in its own process."""
@@ -44,7 +44,8 @@ class LLM:
             cache=CacheConfig(num_blocks=num_blocks, kv_cache_size_gb=kv_cache_size_gb,
                               enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens),
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      scheduling_policy=scheduling_policy),
         )
         self.tokenizer = Tokenizer(path)
         self.core: CoreDriver = (core_factory or EngineCore)(self.config, path)
@@ -52,14 +53,22 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
-        """One RequestOutput per prompt (strings or token-id lists), in input order."""
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt (strings or token-id lists), in input order.
+
+        ``priority``: one per prompt, lower runs first; needs ``scheduling_policy="priority"``.
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = _per_prompt(sampling_params, len(prompts))
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        # Checked before anything is queued: a refusal half-way would leave earlier prompts in the core.
+        if any(priority or []) and self.config.scheduler.scheduling_policy != "priority":
+            raise ValueError("priority other than 0 needs LLM(scheduling_policy='priority')")
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(token_lists, params, texts)
+        return self._run(token_lists, params, texts, list(priority or [0] * len(prompts)))
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -71,11 +80,11 @@ class LLM:
         return self.generate(texts, sampling_params)
 
     def _run(self, token_lists: list[list[int]], params: list[SamplingParams],
-             texts: list[str | None]) -> list[RequestOutput]:
+             texts: list[str | None], priorities: list[int]) -> list[RequestOutput]:
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, tuple[RequestOutput, int]] = {}
         ordered: list[RequestOutput] = []
-        for tokens, p, text in zip(token_lists, params, texts):
+        for tokens, p, text, prio in zip(token_lists, params, texts, priorities):
             rid = str(next(self._ids))
             result = RequestOutput(rid, tokens, [CompletionOutput(i) for i in range(p.n)], prompt=text)
             ordered.append(result)
@@ -83,7 +92,8 @@ class LLM:
                 child = f"{rid}-{i}"
                 child_params = p.for_child(i)
                 self.core.add_request(EngineCoreRequest(child, tokens, child_params,
-                                                        self.tokenizer.eos_token_id, time.time()))
+                                                        self.tokenizer.eos_token_id, time.time(),
+                                                        priority=prio))
                 processor.add_request(child, tokens, child_params, prompt=text)
                 results[child] = (result, i)
         while self.core.has_unfinished_requests():

@@ -113,6 +113,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     trace: bool = False
     trace_decode: bool = False      # trace every decode step instead of summarising them
+    priority: int = 0               # lower runs first (--scheduling-policy priority); kept last
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):

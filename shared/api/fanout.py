@@ -28,6 +28,7 @@ class _Child:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    priority: int = 0
     finished: bool = False
     last_at: float | None = None
 
@@ -40,7 +41,8 @@ class FanOut:
         self.trace = trace              # set only when this request's lifecycle is traced
         self.arrival = time.perf_counter()
         self.children = [
-            _Child(j * n + i, f"{base_id}-{j * n + i}", job.prompt_ids, job.params.for_child(i))
+            _Child(j * n + i, f"{base_id}-{j * n + i}", job.prompt_ids, job.params.for_child(i),
+                   job.priority)
             for j, job in enumerate(jobs) for i in range(n)
         ]
         self._queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
@@ -90,7 +92,7 @@ class FanOut:
         gen: object = None
         try:
             gen = self.engine.generate(child.request_id, child.prompt_ids, child.params,
-                                       trace=self.trace is not None)
+                                       trace=self.trace is not None, priority=child.priority)
             if inspect.isawaitable(gen):  # tolerate an engine whose generate is a coroutine
                 gen = await gen
             async for out in gen:

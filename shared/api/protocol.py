@@ -100,6 +100,8 @@ class _Common(msgspec.Struct, kw_only=True):
     prompt_logprobs: PromptLogprobs | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
+    priority: Annotated[Int64, Meta(
+        description="vLLM's extension: lower runs first; needs --scheduling-policy priority")] | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):

@@ -32,6 +32,7 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams     # n == 1; fanout.py sets per-child seeds
     prompt_text: str | None = None
+    priority: int = 0          # lower runs first (the core refuses != 0 under fcfs)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def prepare_chat(req: ChatCompletionRequest, tok: Tokenizer, info: ModelInfo,
     if plan is not None and plan.spec is not None:
         validate(plan.spec, "tools")
         params.structured_outputs = plan.spec
-    prepared = _prepared(req, [Job(ids, params)], logprobs, cfg)
+    prepared = _prepared(req, [Job(ids, params, priority=req.priority or 0)], logprobs, cfg)
     prepared.tools = plan
     return prepared
 
@@ -96,7 +97,7 @@ def prepare_completion(req: CompletionRequest, tok: Tokenizer, info: ModelInfo,
         params = sampling_params(req, limit, req.logprobs, info, cfg, defaults)
         if req.echo and req.logprobs is not None:   # echoed prompt tokens get their logprobs
             params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
-        jobs.append(Job(ids, params, text if req.echo else None))
+        jobs.append(Job(ids, params, text if req.echo else None, req.priority or 0))
     return _prepared(req, jobs, req.logprobs, cfg)
 
 

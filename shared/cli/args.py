@@ -20,6 +20,9 @@ HELP = {
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "max_num_seqs": "most sequences per engine step",
     "max_num_batched_tokens": "token budget of one engine step",
+    "scheduling_policy": "fcfs | priority: priority admits waiting requests by (priority, arrival) "
+                         "and preempts the lowest-priority, newest running one first; fcfs "
+                         "refuses a request priority other than 0",
     "engine": "v0: one process, one loop; v1: API process + engine-core process over ZMQ",
     "api_key": "require 'Authorization: Bearer KEY' on /v1/* (env: TWINSERVE_API_KEY)",
     "max_waiting_requests": "queued requests beyond this get HTTP 429",

@@ -51,6 +51,7 @@ class Request:
         arrival_time: float = 0.0,
         trace: bool = False,
         trace_decode: bool = False,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -59,6 +60,8 @@ class Request:
         self.arrival_time = arrival_time
         self.trace = trace
         self.trace_decode = trace_decode    # keep every decode step's events (no summary)
+        self.priority = priority            # lower runs first under the priority policy
+        self.seq = 0                        # insertion order, set when queued: the last tie-break
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprobs] = []
         self.prompt_logprobs: list[TokenLogprobs] = []    # scored so far (prompt_logprobs asked)
@@ -76,7 +79,7 @@ class Request:
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
-                   req.eos_token_id, req.arrival_time, req.trace, req.trace_decode)
+                   req.eos_token_id, req.arrival_time, req.trace, req.trace_decode, req.priority)
 
     @property
     def num_prompt_tokens(self) -> int:

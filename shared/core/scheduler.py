@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from shared.config import CacheConfig, SchedulerConfig
 from shared.core.admission import check_fits, max_output_tokens
 from shared.core.kv_cache import KVCacheManager
+from shared.core.queue_policy import QueuePolicy
 from shared.core.request import Request, RequestStatus
 from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from shared.core.stop import check_stop
@@ -40,8 +41,9 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}     # every unfinished request
+        self.policy = QueuePolicy(scheduler_config.scheduling_policy)   # the queues' order
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []           # admission order: the last is the newest
+        self.running: list[Request] = []           # the last is the first preemption victim
         self.num_preemptions = 0
         self._finished_ids: list[str] = []         # since the last non-empty schedule()
         # Requests that ended while waiting (a grammar that failed to compile): sent next step.
@@ -54,11 +56,12 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         check_fits(request, self.max_model_len, self.kv_cache_manager)
+        self.policy.check(request)
         request.max_output_tokens = max_output_tokens(request, self.max_model_len,
                                                       self.kv_cache_manager)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.policy.enqueue(self.waiting, request)
         if request.trace:
             self.tracer.begin(request.request_id, request.trace_decode)
             self.tracer.event(request.request_id, Step.QUEUED, "queued",
@@ -82,7 +85,7 @@ class Scheduler:
 
     # -- schedule ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        """This step's batch: running requests first, in order, then waiting ones FCFS."""
+        """This step's batch: running requests first, in order, then waiting ones in order."""
         out = SchedulerOutput(finished_ids=list(self._finished_ids))
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted_ids:   # blocks are short: let running requests catch up first
@@ -103,7 +106,8 @@ class Scheduler:
                 i += 1
                 continue
             while not kv.allocate_slots(req, num_new):
-                # Victims come from the tail, so they were not scheduled yet in this step.
+                # Victims come from the tail (QueuePolicy keeps it the newest or the lowest
+                # priority), so they were not scheduled yet in this step.
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is req:
@@ -122,7 +126,7 @@ class Scheduler:
                 continue
             num_new = self._admit(i, out, budget)
             if num_new == 0:
-                break    # FCFS: nobody overtakes the first request that can run
+                break    # nobody overtakes the first request that can run (either policy)
             budget -= num_new
 
     def _grammar_ready(self, req: Request) -> bool:
@@ -160,7 +164,7 @@ class Scheduler:
             req.num_cached_tokens = num_hit
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_hit
-        self.running.append(req)
+        self.policy.admit(self.running, req)
         self._add_scheduled(out, req, num_new, num_hit)
         return num_new
 
@@ -187,14 +191,14 @@ class Scheduler:
                            "prefix_hit_tokens": num_hit}, where=kv.allocate_slots, decode=decode)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Recompute later: drop its KV, keep its outputs, queue it before everyone else."""
+        """Recompute later: drop its KV, keep its outputs, queue it first (fcfs) or in place."""
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.prompt_logprobs = []        # the recompute scores the prompt again, if still owed
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.policy.requeue(self.waiting, req)
         out.preempted_ids.append(req.request_id)
 
     # -- update_from_output -----------------------------------------------------------------

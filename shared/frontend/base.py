@@ -65,7 +65,7 @@ class EngineFrontend:
 
     # -- EngineClient ------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       trace: bool = False) -> AsyncIterator[RequestOutput]:
+                       trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream delta outputs of one sequence; leaving early aborts it in the core."""
         self._check_alive()
         if len(self._queues) - self._stats["num_running"] >= self.max_waiting_requests:
@@ -75,7 +75,8 @@ class EngineFrontend:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         keep_all = trace and self.traces.keep_all(request_id)
         request = EngineCoreRequest(request_id, prompt_token_ids, params,
-                                    self.tokenizer.eos_token_id, time.time(), trace, keep_all)
+                                    self.tokenizer.eos_token_id, time.time(), trace, keep_all,
+                                    priority)
         if trace:
             self.tracer.begin(request_id, keep_all)
             self._traced[request_id] = 0

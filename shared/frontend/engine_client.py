@@ -16,8 +16,11 @@ class EngineClient(Protocol):
     model_info: ModelInfo
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 trace: bool = False) -> AsyncIterator[RequestOutput]:
+                 trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream delta outputs of one sequence (n == 1) until one has ``finished``.
+
+        ``priority``: lower runs first under ``--scheduling-policy priority``; under fcfs the
+        core refuses anything but 0 (``ParamError``).
 
         Raises ``QueueFullError`` when too many requests wait, ``EngineDeadError`` when the
         engine cannot serve; closing the iterator early aborts the request.

@@ -19,20 +19,23 @@ TokenFn = Callable[[list[int]], int]
 
 
 def make_request(rid: str, prompt: list[int] | int, max_tokens: int | None = 16,
-                 eos_token_id: int | None = None, **params: object) -> Request:
+                 eos_token_id: int | None = None, priority: int = 0, arrival_time: float = 0.0,
+                 **params: object) -> Request:
     """``prompt`` is a token list, or a length (tokens derived from the id, so ids differ)."""
     if isinstance(prompt, int):
         base = sum(ord(c) for c in rid) * 7
         prompt = [(base + i * 13) % 1000 + 1 for i in range(prompt)]
     params.setdefault("temperature", 0.0)
     sp = SamplingParams(max_tokens=max_tokens, **params)
-    return Request(rid, prompt, sp, eos_token_id=eos_token_id)
+    return Request(rid, prompt, sp, eos_token_id=eos_token_id, arrival_time=arrival_time,
+                   priority=priority)
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8,
                    max_num_batched_tokens: int = 64, max_model_len: int = 512,
-                   enable_prefix_caching: bool = True) -> Scheduler:
-    sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+                   enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs") -> Scheduler:
+    sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                scheduling_policy=scheduling_policy)
     cache_cfg = CacheConfig(block_size=block_size, num_blocks=num_blocks,
                             enable_prefix_caching=enable_prefix_caching)
     return Scheduler(sched_cfg, cache_cfg, max_model_len)

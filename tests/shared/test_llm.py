@@ -118,3 +118,30 @@ def test_prompt_longer_than_context_is_refused(default_model_dir: str) -> None:
     out = small.generate([[5] * 20], SamplingParams(max_tokens=100, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 12                # stops at the context length
     assert out.outputs[0].finish_reason == "length"
+
+
+def test_priority_policy_runs_lower_values_first(llm: LLM, default_model_dir: str) -> None:
+    prio = LLM(default_model_dir, dtype="float32", quantization="none", max_num_seqs=1,
+               num_blocks=128, scheduling_policy="priority")
+    finished: list[str] = []
+    step = prio.core.step
+
+    def recording_step():  # the order requests end in, one at a time (max_num_seqs=1)
+        out = step()
+        finished.extend(o.request_id for o in out.outputs if o.finish_reason is not None)
+        return out
+    prio.core.step = recording_step  # type: ignore[method-assign]
+    prompts = [_chat_ids(llm, q) for q in QUESTIONS[:3]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = prio.generate(prompts, params, priority=[2, 0, 1])
+    assert finished == ["1-0", "2-0", "0-0"]
+    assert ([o.outputs[0].token_ids for o in outs]      # results still in input order
+            == [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+
+
+def test_fcfs_llm_refuses_a_priority_before_queueing_anything(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        llm.generate([[5] * 4, [6] * 4], SamplingParams(max_tokens=2), priority=[0, 1])
+    with pytest.raises(ValueError, match="2 priorities for 1 prompts"):
+        llm.generate([[5] * 4], SamplingParams(max_tokens=2), priority=[0, 1])
+    assert not llm.core.has_unfinished_requests()

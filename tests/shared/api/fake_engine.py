@@ -44,7 +44,7 @@ class FakeEngine:
         self.running: set[str] = set()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       trace: bool = False) -> AsyncIterator[RequestOutput]:
+                       trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
         self.calls.append((request_id, params))
         if self.fail_at_start is not None:
             raise self.fail_at_start
