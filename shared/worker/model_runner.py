@@ -255,7 +255,7 @@ class ModelRunner:
         out = ModelRunnerOutput(prompt_logprobs=inp.prompt_logprobs)
         if not inp.sampling_requests:
             return out
-        result = self.sampler.sample(logits, inp.sampling_requests)
+        result = self.sampler.sample_safely(logits, inp.sampling_requests)
         for row, message in result.failed.items():
             out.failed[inp.sampling_requests[row].request_id] = message
         for req, tok, lp in zip(inp.sampling_requests, result.token_ids, result.logprobs):

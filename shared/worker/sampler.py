@@ -102,6 +102,24 @@ class Sampler:
             return SamplerOutput(token_ids.tolist(), [None] * len(requests), failed)
         return SamplerOutput(token_ids.tolist(), gather_logprobs(raw_logprobs, token_ids, meta), failed)
 
+    def sample_safely(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        """``sample``; if the batch raises, row by row, so a request whose own parameters or
+        state break sampling fails alone (reported in ``failed``) while the others get their
+        tokens. (A seeded row retried here may draw again: only on this error path.)"""
+        try:
+            return self.sample(logits, requests)
+        except Exception:  # noqa: BLE001 - find the rows at fault
+            out = SamplerOutput([0] * len(requests), [None] * len(requests))
+            for i, req in enumerate(requests):
+                try:
+                    one = self.sample(logits[i:i + 1], [req])
+                except Exception as exc:  # noqa: BLE001 - attributed to this request
+                    out.failed[i] = f"sampling failed: {type(exc).__name__}: {exc}"
+                    continue
+                out.token_ids[i], out.logprobs[i] = one.token_ids[0], one.logprobs[0]
+                out.failed.update({i: msg for msg in one.failed.values()})
+            return out
+
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of finished or aborted requests."""
         for rid in request_ids:

@@ -249,3 +249,19 @@ def test_top_p_underflowing_float32_keeps_the_best_token(top_p: float) -> None:
     reqs = [Request(str(i), [1], params) for i in range(3)]
     out = Sampler().sample(logits, reqs)
     assert out.token_ids == logits.argmax(dim=-1).tolist()
+
+
+def test_a_row_that_breaks_sampling_fails_alone() -> None:
+    """A request whose own state makes the batched sampler raise is reported; the other rows
+    still get their tokens."""
+    from shared.core.request import Request
+    from shared.messages import SamplingParams
+    from shared.worker.sampler import Sampler
+
+    good = Request("good", [1, 2], SamplingParams(temperature=0.0))
+    bad = Request("bad", [1, 2], SamplingParams(temperature=0.0, logit_bias={5: 1.0}))
+    bad.sampling_params.logit_bias[10**9] = 1.0       # past the vocabulary: index_put raises
+    logits = torch.randn(2, 50)
+    out = Sampler().sample_safely(logits, [good, bad])
+    assert list(out.failed) == [1] and "sampling failed" in out.failed[1]
+    assert out.token_ids[0] == int(logits[0].argmax())
