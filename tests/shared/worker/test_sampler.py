@@ -254,10 +254,6 @@ def test_top_p_underflowing_float32_keeps_the_best_token(top_p: float) -> None:
 def test_a_row_that_breaks_sampling_fails_alone() -> None:
     """A request whose own state makes the batched sampler raise is reported; the other rows
     still get their tokens."""
-    from shared.core.request import Request
-    from shared.messages import SamplingParams
-    from shared.worker.sampler import Sampler
-
     good = Request("good", [1, 2], SamplingParams(temperature=0.0))
     bad = Request("bad", [1, 2], SamplingParams(temperature=0.0, logit_bias={5: 1.0}))
     bad.sampling_params.logit_bias[10**9] = 1.0       # past the vocabulary: index_put raises
