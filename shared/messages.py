@@ -125,6 +125,14 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     top_logprobs: list[float]
 
 
+class RequestTimes(msgspec.Struct, array_like=True):
+    """Intervals the core measures on its own monotonic clock, sent with the first token (the
+    API process cannot see when a request was queued or first scheduled)."""
+
+    queued: float       # added to the scheduler -> first scheduled (a resume does not count)
+    prefill: float      # first scheduled -> first token sampled
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """New tokens of one request from one engine step."""
 
@@ -136,6 +144,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     # With the first output token: one entry per prompt token, None for the first.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    times: RequestTimes | None = None   # with the first output token only
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):

@@ -11,6 +11,7 @@ steps while other requests keep decoding, and a preempted request recomputes the
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -175,6 +176,7 @@ class Scheduler:
         del self.waiting[index]
         if req.status is RequestStatus.WAITING:     # first admission, not a resume
             req.num_cached_tokens = num_hit
+            req.scheduled_at = time.monotonic()
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_hit
         self.running.append(req)
@@ -238,8 +240,8 @@ class Scheduler:
         return outputs
 
     def _append_token(self, req: Request, token: int, logprobs: TokenLogprobs | None) -> EngineCoreOutput:
-        prompt_lps = None
-        if req.num_output_tokens == 0 and req.sampling_params.prompt_logprobs is not None:
+        prompt_lps, first = None, req.num_output_tokens == 0
+        if first and req.sampling_params.prompt_logprobs is not None:
             prompt_lps, req.prompt_logprobs = [None, *req.prompt_logprobs], []
         req.append_output_token(token)
         if logprobs is not None:
@@ -255,7 +257,8 @@ class Scheduler:
             request_id=req.request_id, new_token_ids=[token],
             new_logprobs=None if logprobs is None else [logprobs],
             finish_reason=req.status.finish_reason, stop_reason=req.stop_reason,
-            num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps)
+            num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps,
+            times=req.first_token_times() if first else None)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         """Mark finished and free the blocks now; the caller takes it out of its queue."""
