@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shared.errors import EngineDeadError, QueueFullError
@@ -53,6 +53,7 @@ class EngineFrontend:
         self.traces = TraceStore()
         self.tracer = Tracer(self.process_name, sink=self.traces.add)
         self._traced: dict[str, int] = {}     # request id -> outputs seen so far
+        self._step_listeners: list[Callable[[StepTimes], None]] = []   # e.g. /metrics
 
     # -- hooks for the engines ---------------------------------------------------------------
     def _submit(self, request: EngineCoreRequest) -> None:
@@ -151,11 +152,17 @@ class EngineFrontend:
                            prefix_cache_queries=s.prefix_cache_queries,
                            prefix_cache_hits=s.prefix_cache_hits)
 
+    def add_step_listener(self, listener: Callable[[StepTimes], None]) -> None:
+        """Call ``listener`` with the timings of every engine step, as they arrive."""
+        self._step_listeners.append(listener)
+
     def _add_step_times(self, t: StepTimes) -> None:
         for phase in _STEP_PHASES:
             self._step_totals[phase] += getattr(t, phase)
         self._step_totals["steps"] += 1
         self._step_totals["tokens"] += t.num_tokens
+        for listener in self._step_listeners:
+            listener(t)
 
     def fail_request(self, request_id: str, error: BaseException) -> None:
         """End one request with an error (e.g. the core refused it)."""
