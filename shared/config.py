@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QUANTIZATION_MODES = ("none", "int8", "int4", "w8a8", "auto")
+METRICS_PREFIXES = ("twinserve", "vllm")
 
 
 @dataclass
@@ -103,9 +104,12 @@ class ServerConfig:
     allow_credentials: bool = False
     trace: bool = False               # trace every request's lifecycle (/debug/lifecycle)
     trace_decode: bool = False        # traces keep every decode step instead of a summary
+    metrics_prefix: str = "twinserve"  # twinserve | vllm: the name prefix of /metrics series
 
     def __post_init__(self) -> None:
         if self.engine not in ("v0", "v1"):
             raise ValueError(f"engine must be v0 or v1, not {self.engine!r}")
+        if self.metrics_prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics_prefix must be twinserve or vllm, not {self.metrics_prefix!r}")
         if not 0 <= self.port < 65536:
             raise ValueError("port must be in [0, 65535]")

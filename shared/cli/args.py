@@ -33,6 +33,8 @@ HELP = {
     "allow_credentials": "CORS: allow credentials (with --allowed-origins)",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
+    "metrics_prefix": "twinserve | vllm: prefix of the /metrics series; vllm publishes them as "
+                      "vllm:* (with vLLM's deprecated aliases) for vLLM's Grafana dashboard",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
     "attention_backend": "auto | native | torch | triton (auto: Triton kernels on CUDA, the native "
                          "C kernels on CPU, torch where neither is available)",
