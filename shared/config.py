@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 QUANTIZATION_MODES = ("none", "int8", "int4", "w8a8", "auto")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+METRICS_PREFIXES = ("twinserve", "vllm")
 
 
 @dataclass
@@ -123,6 +124,7 @@ class ServerConfig:
     engine_step_timeout: float = 60.0     # seconds without progress, requests in flight: dead
     keep_alive_on_engine_death: bool = False  # else exit non-zero a few seconds after it dies
     trace_decode: bool = False        # traces keep every decode step instead of a summary
+    metrics_prefix: str = "twinserve"  # twinserve | vllm: the name prefix of /metrics series
 
     @property
     def debug_enabled(self) -> bool:
@@ -138,5 +140,7 @@ class ServerConfig:
             raise ValueError("max_header_bytes must be >= 1024 and limit_concurrency >= 1")
         if not self.engine_step_timeout > 0:
             raise ValueError("engine_step_timeout must be > 0")
+        if self.metrics_prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics_prefix must be twinserve or vllm, not {self.metrics_prefix!r}")
         if not 0 <= self.port < 65536:
             raise ValueError("port must be in [0, 65535]")

@@ -126,6 +126,14 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     top_logprobs: list[float]
 
 
+class RequestTimes(msgspec.Struct, array_like=True):
+    """Intervals the core measures on its own monotonic clock, sent with the first token (the
+    API process cannot see when a request was queued or first scheduled)."""
+
+    queued: float       # added to the scheduler -> first scheduled (a resume does not count)
+    prefill: float      # first scheduled -> first token sampled
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     """New tokens of one request from one engine step."""
 
@@ -139,6 +147,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     # This request failed in the core (finish_reason "abort"); the others go on.
     error: str | None = None
+    times: RequestTimes | None = None   # with the first output token only
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):

@@ -6,13 +6,7 @@ import logging
 import msgspec
 from starlette.responses import Response
 
-from shared.errors import (
-    EngineDeadError,
-    ParamError,
-    QueueFullError,
-    RequestFailedError,
-    RequestTooLongError,
-)
+from shared.errors import EngineDeadError, ParamError, QueueFullError, RequestFailedError, RequestTooLongError
 
 # status -> (OpenAI error type, default code)
 _KINDS: dict[int, tuple[str, str | None]] = {

@@ -13,13 +13,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from shared.api.metrics import ApiMetrics
+from shared.api.metrics import ApiMetrics, FinishedRequest
 from shared.api.requests import Job
 from shared.api.tracing import HttpTrace
 from shared.errors import EngineDeadError
 from shared.frontend.engine_client import EngineClient
 from shared.frontend.outputs import RequestOutput
-from shared.messages import SamplingParams
+from shared.messages import RequestTimes, SamplingParams
 
 
 @dataclass
@@ -30,7 +30,10 @@ class _Child:
     params: SamplingParams
     priority: int = 0
     finished: bool = False
+    first_at: float | None = None
     last_at: float | None = None
+    num_generated: int = 0
+    times: RequestTimes | None = None      # the core's queue/prefill intervals
 
 
 class FanOut:
@@ -45,6 +48,7 @@ class FanOut:
                    job.priority)
             for j, job in enumerate(jobs) for i in range(n)
         ]
+        self.n = n
         self._queue: asyncio.Queue[tuple[int, RequestOutput | None, BaseException | None]] = asyncio.Queue()
         self._remaining = len(self.children)
         self._tasks: list[asyncio.Task] = []
@@ -98,8 +102,7 @@ class FanOut:
             async for out in gen:
                 self._observe(child, out)
                 self._queue.put_nowait((child.index, out, None))
-                if out.finished:
-                    child.finished = True
+                if child.finished:
                     return
             raise EngineDeadError("the engine ended a request without finishing it")
         except asyncio.CancelledError:
@@ -114,13 +117,27 @@ class FanOut:
     def _observe(self, child: _Child, out: RequestOutput) -> None:
         now = time.perf_counter()
         n_new = sum(len(c.token_ids) for c in out.outputs)
+        if out.times is not None:
+            child.times = out.times
         if n_new:
             since_last = None if child.last_at is None else now - child.last_at
             self.metrics.on_tokens(n_new, since_last, now - self.arrival)
+            child.first_at = now if child.first_at is None else child.first_at
             child.last_at = now
+            child.num_generated += n_new
         if out.finished:
-            reason = out.outputs[0].finish_reason if out.outputs else None
-            self.metrics.on_finished(reason, now - self.arrival)
+            child.finished = True
+            self._observe_finished(child, out, now)
+
+    def _observe_finished(self, child: _Child, out: RequestOutput, now: float) -> None:
+        reason = out.outputs[0].finish_reason if out.outputs else None
+        decode = None if child.first_at is None or child.last_at is None else child.last_at - child.first_at
+        self.metrics.on_finished(FinishedRequest(reason, now - self.arrival, len(child.prompt_ids),
+                                                 child.num_generated, decode, child.times))
+        start = child.index - child.index % self.n      # the n choices of this child's prompt
+        group = self.children[start:start + self.n]
+        if all(c.finished for c in group):
+            self.metrics.on_prompt_finished(max(c.num_generated for c in group))
 
 
 async def _close_quietly(gen: object) -> None:

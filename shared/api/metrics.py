@@ -1,44 +1,157 @@
-"""Prometheus metrics of one app: a private registry, so two apps in one process never clash."""
+"""Prometheus metrics of one app, named, typed and labelled as vLLM's v1 metrics.
+
+A private registry, so two apps in one process never clash. Every series carries
+``model_name`` (the served model name) and ``engine="0"``, the labels vLLM's panels filter
+on; ``--metrics-prefix vllm`` publishes them as ``vllm:*`` so vLLM's Grafana dashboard reads
+them unchanged. Gauges and the core's cumulative counters are read at scrape time; the rest
+is fed from output streams (``FanOut``) and engine steps.
+"""
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from shared.config import METRICS_PREFIXES
 from shared.frontend.engine_client import EngineClient
+from shared.messages import RequestTimes, StepTimes
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+_FINISH_REASONS = ("stop", "length", "abort")   # pre-created, as vLLM does, so they read 0
+
+
+@dataclass
+class FinishedRequest:
+    """One finished engine request (one choice), as the API layer saw it."""
+
+    finish_reason: str | None
+    e2e: float                      # HTTP arrival -> last output
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    decode: float | None            # first output -> last output; None if no token came
+    times: RequestTimes | None      # the core's queue and prefill intervals
+
+
+def one_two_five_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
+class _Factory:
+    """Makes prefixed metrics in one registry, already bound to the model_name/engine labels."""
+
+    def __init__(self, prefix: str, model_name: str, registry: CollectorRegistry) -> None:
+        self.prefix, self.registry = prefix, registry
+        self.labels = {"model_name": model_name, "engine": "0"}
+
+    def gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(self._name(name), doc, list(self.labels), registry=self.registry).labels(**self.labels)
+
+    def counter(self, name: str, doc: str) -> Counter:
+        metric = Counter(self._name(name), doc, list(self.labels), registry=self.registry)
+        return metric.labels(**self.labels)
+
+    def histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+        metric = Histogram(self._name(name), doc, list(self.labels), buckets=buckets, registry=self.registry)
+        return metric.labels(**self.labels)
+
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
 
 
 class ApiMetrics:
-    """Gauges come from ``engine.get_stats()`` at scrape time; the rest from output streams."""
+    def __init__(self, model_name: str, max_model_len: int, prefix: str = "twinserve") -> None:
+        if prefix not in METRICS_PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {', '.join(METRICS_PREFIXES)}, not {prefix!r}")
+        self.registry = CollectorRegistry()
+        f = _Factory(prefix, model_name, self.registry)
+        self._define_scheduler_metrics(f)
+        self._define_request_metrics(f, one_two_five_buckets(max_model_len))
+        self._seen = dict.fromkeys(self.core_totals, 0)
+        # Older vLLM dashboards (the example grafana.json among them) query vLLM's deprecated
+        # names; under the vllm prefix the same values go out under those names too.
+        legacy = prefix == "vllm"
+        self.gpu_cache_usage = f.gauge("gpu_cache_usage_perc", "KV-cache usage (0-1); "
+                                       "DEPRECATED alias of kv_cache_usage_perc") if legacy else None
+        self.tpot = f.histogram("time_per_output_token_seconds", "DEPRECATED alias of "
+                                "inter_token_latency_seconds", _ITL_BUCKETS) if legacy else None
 
-    def __init__(self, engine_name: str) -> None:
-        r = self.registry = CollectorRegistry()
-        self.engine_name = engine_name
-        self.running = Gauge("twinserve:num_requests_running", "Requests in the running batch", registry=r)
-        self.waiting = Gauge("twinserve:num_requests_waiting", "Requests waiting to be scheduled", registry=r)
-        self.kv_usage = Gauge("twinserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", registry=r)
-        self.free_blocks = Gauge("twinserve:num_free_blocks", "Free KV cache blocks", registry=r)
-        self.prompt_tokens = Counter("twinserve:prompt_tokens", "Prompt tokens submitted", registry=r)
-        self.generation_tokens = Counter("twinserve:generation_tokens", "Tokens generated", registry=r)
-        self.finished = Counter("twinserve:request_success", "Engine requests finished",
-                                ["finished_reason"], registry=r)
-        self.ttft = Histogram("twinserve:time_to_first_token_seconds",
-                              "Arrival to first generated token", buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("twinserve:inter_token_latency_seconds",
-                             "Time between generated tokens", buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("twinserve:e2e_request_latency_seconds",
-                             "Arrival to last token", buckets=_LATENCY_BUCKETS, registry=r)
+    def _define_scheduler_metrics(self, f: _Factory) -> None:
+        self.running = f.gauge("num_requests_running", "Requests in the running batch")
+        self.waiting = f.gauge("num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = f.gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)")
+        self.free_blocks = f.gauge("num_free_blocks", "Free KV cache blocks")
+        # Keyed by the scheduler's stats field whose running total each counter follows.
+        self.core_totals = {
+            "prefix_cache_queries": f.counter("prefix_cache_queries",
+                                              "Prefix cache queries, in prompt tokens looked up"),
+            "prefix_cache_hits": f.counter("prefix_cache_hits",
+                                           "Prefix cache hits, in tokens found cached"),
+            "num_preemptions": f.counter("num_preemptions", "Requests preempted by the scheduler"),
+        }
+        self.iteration_tokens = f.histogram("iteration_tokens_total",
+                                            "Tokens computed per engine step", _ITERATION_BUCKETS)
+
+    def _define_request_metrics(self, f: _Factory, token_buckets: list[int]) -> None:
+        self.prompt_tokens = f.counter("prompt_tokens", "Prompt tokens submitted")
+        self.generation_tokens = f.counter("generation_tokens", "Tokens generated")
+        self._success = Counter(f._name("request_success"), "Engine requests finished",
+                                [*f.labels, "finished_reason"], registry=self.registry)
+        for reason in _FINISH_REASONS:
+            self._success.labels(**f.labels, finished_reason=reason)
+        self._labels = f.labels
+        self.ttft = f.histogram("time_to_first_token_seconds", "Arrival to first generated token",
+                                _LATENCY_BUCKETS)
+        self.itl = f.histogram("inter_token_latency_seconds", "Time between generated tokens", _ITL_BUCKETS)
+        self.e2e = f.histogram("e2e_request_latency_seconds", "Arrival to last token", _LATENCY_BUCKETS)
+        self.queue_time = f.histogram("request_queue_time_seconds",
+                                      "Queued in the core until first scheduled", _LATENCY_BUCKETS)
+        self.prefill_time = f.histogram("request_prefill_time_seconds",
+                                        "First scheduled until the first token", _LATENCY_BUCKETS)
+        self.decode_time = f.histogram("request_decode_time_seconds",
+                                       "First token until the last token", _LATENCY_BUCKETS)
+        self.request_prompt_tokens = f.histogram("request_prompt_tokens",
+                                                 "Prompt tokens per finished request", token_buckets)
+        self.request_generation_tokens = f.histogram("request_generation_tokens",
+                                                     "Generated tokens per finished request", token_buckets)
+        self.max_generation_tokens = f.histogram(
+            "request_max_num_generation_tokens",
+            "Most tokens generated by one choice of a prompt (its n samples)", token_buckets)
 
     async def render(self, engine: EngineClient) -> bytes:
         stats = await engine.get_stats()
         self.running.set(stats.get("num_running", 0))
         self.waiting.set(stats.get("num_waiting", 0))
         self.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+        if self.gpu_cache_usage is not None:
+            self.gpu_cache_usage.set(stats.get("kv_cache_usage", 0.0))
         self.free_blocks.set(stats.get("num_free_blocks", 0))
+        self._follow_core_totals(stats)
         return generate_latest(self.registry)
+
+    def _follow_core_totals(self, stats: dict) -> None:
+        """The scheduler reports running totals; a counter can only add the growth since."""
+        for key, counter in self.core_totals.items():
+            value = stats.get(key, 0)
+            if value > self._seen[key]:
+                counter.inc(value - self._seen[key])
+                self._seen[key] = value
+
+    def on_step(self, step: StepTimes) -> None:
+        """One engine step (called by the engine's output handler)."""
+        if step.num_tokens:
+            self.iteration_tokens.observe(step.num_tokens)
 
     def on_tokens(self, n_new: int, since_last: float | None, since_arrival: float) -> None:
         """One delta of ``n_new`` tokens; ``since_last`` is None for a request's first delta."""
@@ -48,7 +161,20 @@ class ApiMetrics:
             return
         for _ in range(n_new):  # a delta may carry several tokens; spread the gap over them
             self.itl.observe(since_last / n_new)
+            if self.tpot is not None:
+                self.tpot.observe(since_last / n_new)
 
-    def on_finished(self, reason: str | None, since_arrival: float) -> None:
-        self.e2e.observe(since_arrival)
-        self.finished.labels(finished_reason=reason or "unknown").inc()
+    def on_finished(self, done: FinishedRequest) -> None:
+        self.e2e.observe(done.e2e)
+        self._success.labels(**self._labels, finished_reason=done.finish_reason or "unknown").inc()
+        self.request_prompt_tokens.observe(done.num_prompt_tokens)
+        self.request_generation_tokens.observe(done.num_generation_tokens)
+        if done.times is not None:
+            self.queue_time.observe(done.times.queued)
+            self.prefill_time.observe(done.times.prefill)
+        if done.decode is not None:
+            self.decode_time.observe(done.decode)
+
+    def on_prompt_finished(self, max_generation_tokens: int) -> None:
+        """All n choices of one prompt finished: the longest of them (vLLM's sequence group)."""
+        self.max_generation_tokens.observe(max_generation_tokens)

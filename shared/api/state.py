@@ -40,7 +40,11 @@ class AppState:
         # without one (a test fake) gets a store that only sees the HTTP steps.
         traces = getattr(engine, "traces", None) or TraceStore()
         tracer = getattr(engine, "tracer", None) or Tracer("api-server", sink=traces.add)
-        return cls(engine=engine, config=config, metrics=ApiMetrics(config.engine),
+        metrics = ApiMetrics(name, info.max_model_len, config.metrics_prefix)
+        add_step_listener = getattr(engine, "add_step_listener", None)   # a test fake has none
+        if add_step_listener is not None:
+            add_step_listener(metrics.on_step)
+        return cls(engine=engine, config=config, metrics=metrics,
                    texts=TokenText(engine.tokenizer), model_name=name,
                    accepted_models={name, info.name, info.path}, traces=traces, tracer=tracer,
                    generation_defaults=load_generation_defaults(config.generation_config, info.path))

@@ -49,6 +49,8 @@ HELP = {
                          "generation_config.json), none (OpenAI's defaults) or a folder with one",
     "trace": "record the lifecycle of every request (per request: header 'X-Twinserve-Trace: 1')",
     "trace_decode": "traces keep every decode step instead of summarising them (header value: all)",
+    "metrics_prefix": "twinserve | vllm: prefix of the /metrics series; vllm publishes them as "
+                      "vllm:* (with vLLM's deprecated aliases) for vLLM's Grafana dashboard",
     "debug_fail_after_steps": "testing only: make the forward pass raise after N steps",
     "debug_fail_request_seed": "testing only: a request with this seed fails in the core (alone)",
     "debug_hang_after_steps": "testing only: make the forward pass hang after N steps",

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import TYPE_CHECKING
 
-from shared.messages import EngineCoreRequest, SamplingParams, TokenLogprobs
+from shared.messages import EngineCoreRequest, RequestTimes, SamplingParams, TokenLogprobs
 
 if TYPE_CHECKING:
     from shared.structured.compiler import GrammarState
@@ -75,6 +76,9 @@ class Request:
         self.max_output_tokens: int = sampling_params.max_tokens or 0
         # Structured outputs: this sequence's matcher (set by the engine core before queueing).
         self.grammar: GrammarState | None = None
+        # Core-clock timestamps for the queue and prefill metrics (see ``first_token_times``).
+        self.queued_at = time.monotonic()
+        self.scheduled_at: float | None = None     # first admission; a resume keeps it
 
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -96,6 +100,12 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def first_token_times(self) -> RequestTimes:
+        """Queue and prefill intervals, measured when the first token is sampled."""
+        now = time.monotonic()
+        scheduled = now if self.scheduled_at is None else self.scheduled_at
+        return RequestTimes(queued=scheduled - self.queued_at, prefill=now - scheduled)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "

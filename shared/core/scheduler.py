@@ -12,6 +12,7 @@ steps while other requests keep decoding, and a preempted request recomputes the
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -162,6 +163,7 @@ class Scheduler:
         del self.waiting[index]
         if req.status is RequestStatus.WAITING:     # first admission, not a resume
             req.num_cached_tokens = num_hit
+            req.scheduled_at = time.monotonic()
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_hit
         self.policy.admit(self.running, req)
@@ -234,8 +236,8 @@ class Scheduler:
         seed = req.sampling_params.seed
         if seed is not None and seed == self.config.debug_fail_request_seed:
             raise RuntimeError("injected per-request fault (--debug-fail-request-seed)")
-        prompt_lps = None
-        if req.num_output_tokens == 0 and req.sampling_params.prompt_logprobs is not None:
+        prompt_lps, first = None, req.num_output_tokens == 0
+        if first and req.sampling_params.prompt_logprobs is not None:
             prompt_lps, req.prompt_logprobs = [None, *req.prompt_logprobs], []
         req.append_output_token(token)
         if logprobs is not None:
@@ -251,7 +253,8 @@ class Scheduler:
             request_id=req.request_id, new_token_ids=[token],
             new_logprobs=None if logprobs is None else [logprobs],
             finish_reason=req.status.finish_reason, stop_reason=req.stop_reason,
-            num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps)
+            num_cached_tokens=req.num_cached_tokens, prompt_logprobs=prompt_lps,
+            times=req.first_token_times() if first else None)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         """Mark finished and free the blocks now; the caller takes it out of its queue."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from shared.errors import EngineDeadError, QueueFullError, RequestFailedError
@@ -55,6 +55,7 @@ class EngineFrontend:
         self.tracer = Tracer(self.process_name, sink=self.traces.add)
         self._traced: dict[str, int] = {}     # request id -> outputs seen so far
         self._last_progress = time.monotonic()  # an output from the engine (see stalled_for)
+        self._step_listeners: list[Callable[[StepTimes], None]] = []   # e.g. /metrics
 
     # -- hooks for the engines ---------------------------------------------------------------
     def _submit(self, request: EngineCoreRequest) -> None:
@@ -181,11 +182,17 @@ class EngineFrontend:
                            prefix_cache_queries=s.prefix_cache_queries,
                            prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked)
 
+    def add_step_listener(self, listener: Callable[[StepTimes], None]) -> None:
+        """Call ``listener`` with the timings of every engine step, as they arrive."""
+        self._step_listeners.append(listener)
+
     def _add_step_times(self, t: StepTimes) -> None:
         for phase in _STEP_PHASES:
             self._step_totals[phase] += getattr(t, phase)
         self._step_totals["steps"] += 1
         self._step_totals["tokens"] += t.num_tokens
+        for listener in self._step_listeners:
+            listener(t)
 
     def fail_request(self, request_id: str, error: BaseException) -> None:
         """End one request with an error (e.g. the core refused it)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from shared.frontend.detokenizer import IncrementalDetokenizer
 from shared.frontend.outputs import CompletionOutput, RequestOutput
 from shared.frontend.tokenizer import Tokenizer
-from shared.messages import EngineCoreOutput, SamplingParams, TokenLogprobs
+from shared.messages import EngineCoreOutput, RequestTimes, SamplingParams, TokenLogprobs
 
 
 @dataclass
@@ -33,6 +33,7 @@ class _RequestState:
     # Prompt logprobs that came with a token whose text is still held back (a stop string
     # may be starting): they go out with the first output that is emitted.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    times: RequestTimes | None = None      # likewise the core's first-token intervals
 
     @property
     def hold_back(self) -> int:
@@ -109,6 +110,8 @@ class OutputProcessor:
         finished = finish_reason is not None
         if out.prompt_logprobs is not None:
             state.prompt_logprobs = out.prompt_logprobs
+        if out.times is not None:
+            state.times = out.times
         if num_kept == 0 and not finished:
             return None, False
         completion = CompletionOutput(
@@ -119,9 +122,9 @@ class OutputProcessor:
         request_output = RequestOutput(
             request_id=state.request_id, prompt_token_ids=state.prompt_token_ids, outputs=[completion],
             finished=finished, num_cached_tokens=out.num_cached_tokens, prompt=state.prompt,
-            prompt_logprobs=state.prompt_logprobs,
+            prompt_logprobs=state.prompt_logprobs, times=state.times,
         )
-        state.prompt_logprobs = None
+        state.prompt_logprobs = state.times = None
         # A core-finished request needs no abort, even if a stop string also matched.
         return request_output, stop is not None and out.finish_reason is None
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.messages import TokenLogprobs
+from shared.messages import RequestTimes, TokenLogprobs
 
 
 @dataclass
@@ -30,3 +30,4 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), on the
     # first output of the request.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    times: RequestTimes | None = None   # the core's queue/prefill intervals, on the first output

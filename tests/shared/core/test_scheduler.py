@@ -271,3 +271,34 @@ def test_add_request_sets_limits_and_rejects_duplicates() -> None:
     with pytest.raises(ValueError, match="already in use"):
         sched.add_request(make_request("r", 3))
     assert sched.num_waiting == 1
+
+
+class _Clock:
+    """Stands in for the ``time`` module: ``monotonic()`` returns what the test set."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_first_output_carries_queue_and_prefill_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    for module in ("shared.core.request", "shared.core.scheduler"):
+        monkeypatch.setattr(f"{module}.time", clock)
+    # One sequence at a time and a budget of 4: each 6-token prompt takes two steps, and b
+    # waits until a is done.
+    sched = make_scheduler(max_num_seqs=1, max_num_batched_tokens=4)
+    sched.add_request(make_request("a", 6, max_tokens=2))
+    sched.add_request(make_request("b", 6, max_tokens=2))   # both queued at t=0
+    log, model = RunLog(), FakeModel(4)
+    while sched.has_unfinished_requests():
+        clock.now += 1.0
+        run_step(sched, model, log)
+    outs = [o for step in log.core_outputs for o in step]
+    times = {o.request_id: o.times for o in outs if o.times is not None}
+    assert len(times) == 2 and sum(o.times is None for o in outs) == 2   # first tokens only
+    # a: scheduled at t=1, first token at t=2; b: scheduled at t=4 (a finished at t=3), token at 5
+    assert (times["a"].queued, times["a"].prefill) == (1.0, 1.0)
+    assert (times["b"].queued, times["b"].prefill) == (4.0, 1.0)
