@@ -84,11 +84,25 @@ class StructuredOutputsConfig:
 
 
 @dataclass
+class ParallelConfig:
+    # v1 only: engine-core processes behind one API server, each with its own scheduler,
+    # KV cache and model copy.
+    data_parallel_size: int = 1
+    # Worker processes that split each layer's heads and MLP (torch.distributed).
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1 or self.tensor_parallel_size < 1:
+            raise ValueError("data_parallel_size and tensor_parallel_size must be >= 1")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 @dataclass

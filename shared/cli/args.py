@@ -58,6 +58,10 @@ HELP = {
                          "C kernels on CPU, torch where neither is available)",
     "gpu_memory_utilization": "CUDA: share of free GPU memory for weights + KV cache when "
                               "--num-blocks is not given",
+    "data_parallel_size": "v1: engine-core processes behind the API server, each with its own "
+                          "scheduler, KV cache and model copy; requests are routed by load",
+    "tensor_parallel_size": "worker processes that split each layer's attention heads and MLP "
+                            "(torch.distributed: gloo on CPU, NCCL on CUDA)",
     "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",
     "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "
                      "decode step (CPU)",

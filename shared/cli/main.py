@@ -13,21 +13,26 @@ from shared.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     ServerConfig,
     StructuredOutputsConfig,
 )
 
-_ENGINE_DATACLASSES = (ModelConfig, CacheConfig, SchedulerConfig, StructuredOutputsConfig)
+_ENGINE_DATACLASSES = (ModelConfig, CacheConfig, SchedulerConfig, StructuredOutputsConfig,
+                       ParallelConfig)
 
 
 def _engine_config(ns: argparse.Namespace) -> EngineConfig:
-    model, cache, sched, structured = (build_dataclass(c, ns) for c in _ENGINE_DATACLASSES)
-    return EngineConfig(model=model, cache=cache, scheduler=sched, structured_outputs=structured)
+    model, cache, sched, structured, parallel = (build_dataclass(c, ns) for c in _ENGINE_DATACLASSES)
+    return EngineConfig(model=model, cache=cache, scheduler=sched, structured_outputs=structured,
+                        parallel=parallel)
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     engine_config = _engine_config(ns)
+    if engine_config.parallel.data_parallel_size > 1 or engine_config.parallel.tensor_parallel_size > 1:
+        raise SystemExit("--data-parallel-size and --tensor-parallel-size > 1 are not built yet")
     server_config = build_dataclass(ServerConfig, ns)
     if server_config.api_key is None:
         server_config.api_key = os.environ.get("TWINSERVE_API_KEY") or None
