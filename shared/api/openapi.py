@@ -116,8 +116,15 @@ def _components(cfg: ServerConfig, info: ModelInfo) -> dict[str, Any]:
 
 
 def _response_object() -> dict[str, Any]:
-    """OpenAI's response object as serving_responses.py builds it (message items only)."""
+    """OpenAI's response object as serving_responses.py builds it."""
     n = _int(0)
+    message = {"type": "object", "required": ["id", "type", "role", "content"],
+               "properties": {"type": {"const": "message"}, "id": {"type": "string"},
+                              "role": {"const": "assistant"}, "content": {"type": "array"}}}
+    call = {"type": "object", "required": ["id", "type", "call_id", "name", "arguments"],
+            "properties": {"type": {"const": "function_call"}, "id": {"type": "string"},
+                           "call_id": {"type": "string"}, "name": {"type": "string"},
+                           "arguments": {"type": "string", "description": "a JSON string"}}}
     usage = {"type": "object", "properties": {
         "input_tokens": n, "output_tokens": n, "total_tokens": n,
         "input_tokens_details": {"type": "object", "properties": {"cached_tokens": n}}}}
@@ -125,7 +132,7 @@ def _response_object() -> dict[str, Any]:
             "properties": {"id": {"type": "string", "pattern": "^resp_"},
                            "object": {"const": "response"}, "created_at": n,
                            "status": {"enum": ["completed", "incomplete"]},
-                           "output": {"type": "array", "items": {"type": "object"}},
+                           "output": {"type": "array", "items": {"oneOf": [message, call]}},
                            "usage": usage}}
 
 

@@ -17,7 +17,15 @@ import msgspec
 from msgspec import Meta
 
 from shared.api.errors import APIError
-from shared.api.protocol_tools import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCall
+from shared.api.protocol_tools import (
+    NamedToolChoice,
+    ResponseFormat,
+    ResponsesFunctionTool,
+    ResponsesNamedToolChoice,
+    StructuredOutputs,
+    Tool,
+    ToolCall,
+)
 
 LIMIT_KEY = "x-twinserve-limit"
 
@@ -189,8 +197,11 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     store: bool | None = None
     previous_response_id: str | None = None
     text: ResponseText | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[list[ResponsesFunctionTool], Meta(max_length=128)] | None = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | ResponsesNamedToolChoice, Meta(
+        description='default "auto" with tools; "required" and a named tool are enforced by a grammar'
+    )] | None = None
+    parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
 

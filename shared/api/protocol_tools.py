@@ -44,6 +44,26 @@ class NamedToolChoice(msgspec.Struct, kw_only=True):
     function: ToolChoiceFunction
 
 
+class ResponsesFunctionTool(msgspec.Struct, kw_only=True):
+    """A /v1/responses function tool: chat's function definition, flat."""
+
+    type: Literal["function"]
+    name: FunctionName
+    description: str | None = None
+    parameters: Annotated[dict[str, Any], Meta(description="JSON schema of the arguments")] | None = None
+    strict: bool | None = None
+
+    def as_chat(self) -> Tool:
+        return Tool(type="function", function=FunctionDef(
+            name=self.name, description=self.description, parameters=self.parameters,
+            strict=self.strict))
+
+
+class ResponsesNamedToolChoice(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    name: str
+
+
 class JsonSchemaFormat(msgspec.Struct, kw_only=True):
     name: Annotated[str, Meta(min_length=1, max_length=64)]
     schema: Annotated[dict[str, Any], Meta(description="JSON schema; omitted: any JSON object")] | None = None

@@ -1,5 +1,4 @@
-"""/v1/responses input -> chat messages and response_format, the bounded response store,
-and the features that wait for tool calling on this endpoint."""
+"""/v1/responses input -> chat messages, tools and response_format; the bounded response store."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -9,23 +8,17 @@ from typing import Any
 from shared.api.errors import APIError
 from shared.api.protocol import ResponseInputItem, ResponsesRequest
 from shared.api.protocol_tools import JsonSchemaFormat, ResponseFormat
+from shared.api.tools import ToolPlan, plan
 from shared.errors import ParamError
 
 
-def check_unsupported(req: ResponsesRequest) -> None:
-    """ISSUE-13 HOOK: tools, tool_choice and function-call items are refused here until the
-    Responses API maps them onto chat tool calling (text.format is: see ``response_format``)."""
-    if req.tools:
-        raise ParamError("tools are not supported on /v1/responses yet; use /v1/chat/completions",
-                         param="tools")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise ParamError("tool_choice needs tools, which /v1/responses does not support yet",
-                         param="tool_choice")
-    if isinstance(req.input, list):
-        for i, item in enumerate(req.input):
-            if item.type != "message":
-                raise ParamError(f"{item.type} items need tool calling, which /v1/responses "
-                                 f"does not support yet", param=f"input[{i}]")
+def plan_tools(req: ResponsesRequest) -> ToolPlan | None:
+    """tools and tool_choice through chat's tool calling (flat function tools mapped to chat's)."""
+    fmt = req.text.format if req.text is not None else None
+    constrained = fmt is not None and fmt.type != "text"
+    tools = [t.as_chat() for t in req.tools] if req.tools else None
+    return plan(tools, req.tool_choice, req.parallel_tool_calls, constrained,
+                lambda i: f"tools[{i}].parameters")
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:
@@ -51,10 +44,35 @@ def text_format_param(param: str | None) -> str | None:
 
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's own input as chat-template messages (instructions are added apart:
-    OpenAI does not carry them over to a follow-up response)."""
+    OpenAI does not carry them over to a follow-up response). function_call items join the
+    assistant message before them as tool_calls; function_call_output items are tool messages."""
     if isinstance(req.input, str):
         return [{"role": "user", "content": req.input}]
-    return [_message(item, i) for i, item in enumerate(req.input)]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(req.input):
+        if item.type == "function_call":
+            _add_call(messages, item, i)
+        elif item.type == "function_call_output":
+            if item.call_id is None or item.output is None:
+                raise ParamError("a function_call_output item needs call_id and output",
+                                 param=f"input[{i}]")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        else:
+            messages.append(_message(item, i))
+    return messages
+
+
+def _add_call(messages: list[dict[str, Any]], item: ResponseInputItem, index: int) -> None:
+    if item.call_id is None or item.name is None or item.arguments is None:
+        raise ParamError("a function_call item needs call_id, name and arguments",
+                         param=f"input[{index}]")
+    call = {"id": item.call_id, "type": "function",
+            "function": {"name": item.name, "arguments": item.arguments}}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
 def _message(item: ResponseInputItem, index: int) -> dict[str, Any]:

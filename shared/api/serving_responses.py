@@ -1,13 +1,12 @@
 """POST /v1/responses and GET /v1/responses/{id}: OpenAI's Responses API over chat generation.
 
-One message output item with one output_text part per response. Streaming sends OpenAI's
-typed events (``event:`` line and ``type`` field, a ``sequence_number`` on each) and no
+The output items (a message with one output_text part, function calls when the request has
+tools) are built by responses_output.py. Streaming sends OpenAI's typed events (``event:`` line and ``type`` field, a ``sequence_number`` on each) and no
 [DONE]. Stored responses live in a bounded in-memory store (responses_input.py).
 """
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,15 +22,17 @@ from shared.api.requests import Job, Prepared, check_model, fit_context, render_
 from shared.api.responses_input import (
     ResponseStore,
     Stored,
-    check_unsupported,
     input_messages,
+    plan_tools,
     response_format,
     text_format_param,
 )
+from shared.api.responses_output import OutputItems
 from shared.api.serving import Ctx, Serving, encode, finish_reason, json_response
 from shared.api.state import AppState
 from shared.errors import ParamError
 from shared.frontend.outputs import RequestOutput
+from shared.structured.grammar import validate
 from shared.trace.tracer import TraceHandle
 
 
@@ -39,7 +40,7 @@ from shared.trace.tracer import TraceHandle
 class ResponsesPrepared(Prepared):
     req: ResponsesRequest | None = None
     conversation: list[dict[str, Any]] = field(default_factory=list)
-    item_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    items: OutputItems | None = None
     final: dict[str, Any] | None = None      # the finished response object
 
 
@@ -54,8 +55,8 @@ class ResponsesServing(Serving):
     def prepare(self, body: bytes, trace: TraceHandle | None = None) -> Prepared:
         req = decode_body(body, ResponsesRequest)
         check_model(req.model, self.state.accepted_models)
-        check_unsupported(req)
         self.store.check_store(req.store)
+        tools = plan_tools(req)
         history = []
         if req.previous_response_id is not None:
             history = self.store.get(req.previous_response_id, "previous_response_id").conversation
@@ -63,7 +64,8 @@ class ResponsesServing(Serving):
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         engine, cfg = self.state.engine, self.state.config
         info = engine.model_info
-        ids = render_chat(engine.tokenizer, [*system, *conversation], True, trace)
+        ids = render_chat(engine.tokenizer, [*system, *conversation], True, trace,
+                          tools.tools if tools else None)
         limit = fit_context(len(ids), req.max_output_tokens, info.max_model_len,
                             "max_output_tokens", "input",
                             self.state.generation_defaults.get("max_tokens"))
@@ -72,7 +74,10 @@ class ResponsesServing(Serving):
                                      self.state.generation_defaults)
         except ParamError as e:
             raise ParamError(str(e), param=text_format_param(e.param)) from None
-        return ResponsesPrepared([Job(ids, params)], 1, bool(req.stream), False, None,
+        if tools is not None and tools.spec is not None:
+            validate(tools.spec, "tools")
+            params.structured_outputs = tools.spec
+        return ResponsesPrepared([Job(ids, params)], 1, bool(req.stream), False, None, tools=tools,
                                  req=req, conversation=conversation)
 
     async def get(self, request: Request) -> Response:
@@ -83,44 +88,29 @@ class ResponsesServing(Serving):
         choice = ctx.choice(index)
         delta = out.outputs[0]
         events = []
-        if not choice.started:
-            choice.started = True
-            events += self._opening(ctx)
-        choice.text.append(delta.text)
+        if prep.items is None:
+            prep.items = OutputItems(prep.tools)
+            pending = self._response(ctx, "in_progress", [])
+            events += [{"type": "response.created", "response": pending},
+                       {"type": "response.in_progress", "response": pending}, *prep.items.start()]
         choice.num_tokens += len(delta.token_ids)
-        if delta.text:
-            events.append({"type": "response.output_text.delta", "item_id": prep.item_id,
-                           "output_index": 0, "content_index": 0, "delta": delta.text,
-                           "logprobs": []})
+        events += prep.items.feed(delta.text, out.finished)
         if out.finished:
             choice.finish_reason = finish_reason(out)
-            events += self._closing(ctx)
+            events.append(self._finish(ctx, prep.items))
         return events
 
-    def _opening(self, ctx: Ctx) -> list[dict]:
-        item = {**_message_item(_prep(ctx).item_id, ""), "status": "in_progress", "content": []}
-        pending = self._response(ctx, "in_progress", [])
-        return [{"type": "response.created", "response": pending},
-                {"type": "response.in_progress", "response": pending},
-                {"type": "response.output_item.added", "output_index": 0, "item": item},
-                {"type": "response.content_part.added", "item_id": item["id"], "output_index": 0,
-                 "content_index": 0, "part": _text_part("")}]
-
-    def _closing(self, ctx: Ctx) -> list[dict]:
+    def _finish(self, ctx: Ctx, items: OutputItems) -> dict:
         prep = _prep(ctx)
-        text = "".join(ctx.choice(0).text)
-        item = _message_item(prep.item_id, text)
         incomplete = ctx.choice(0).finish_reason == "length"
-        prep.final = self._response(ctx, "incomplete" if incomplete else "completed", [item])
+        prep.final = self._response(ctx, "incomplete" if incomplete else "completed", items.items)
         if prep.req is not None and prep.req.store is not False and self.store.capacity > 0:
-            answer = {"role": "assistant", "content": text}
+            answer: dict[str, Any] = {"role": "assistant", "content": items.text()}
+            if calls := items.tool_calls():
+                answer = {**answer, "content": answer["content"] or None, "tool_calls": calls}
             self.store.put(ctx.id, Stored(prep.final, [*prep.conversation, answer]))
-        ids = {"item_id": prep.item_id, "output_index": 0, "content_index": 0}
-        return [{"type": "response.output_text.done", **ids, "text": text, "logprobs": []},
-                {"type": "response.content_part.done", **ids, "part": _text_part(text)},
-                {"type": "response.output_item.done", "output_index": 0, "item": item},
-                {"type": "response.incomplete" if incomplete else "response.completed",
-                 "response": prep.final}]
+        return {"type": "response.incomplete" if incomplete else "response.completed",
+                "response": prep.final}
 
     def _response(self, ctx: Ctx, status: str, output: list[dict]) -> dict:
         req = _prep(ctx).req
@@ -131,9 +121,11 @@ class ResponsesServing(Serving):
             "model": ctx.model, "output": output, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "temperature": req.temperature, "top_p": req.top_p, "parallel_tool_calls": False,
+            "temperature": req.temperature, "top_p": req.top_p,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": req.previous_response_id, "store": req.store is not False,
-            "text": {"format": _format_echo(req)}, "tool_choice": "none", "tools": [],
+            "text": {"format": _format_echo(req)}, "tools": _tools_echo(req),
+            "tool_choice": _choice_echo(req),
             "metadata": req.metadata or {}, "user": req.user,
             "usage": {"input_tokens": usage["prompt_tokens"],
                       "input_tokens_details": usage["prompt_tokens_details"],
@@ -178,13 +170,14 @@ def _format_echo(req: ResponsesRequest) -> dict:
     return {"type": "text"} if fmt is None else msgspec.to_builtins(fmt)
 
 
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _tools_echo(req: ResponsesRequest) -> list[dict]:
+    return [msgspec.to_builtins(t) for t in req.tools or []]
 
 
-def _message_item(item_id: str, text: str) -> dict:
-    return {"id": item_id, "type": "message", "status": "completed", "role": "assistant",
-            "content": [_text_part(text)]}
+def _choice_echo(req: ResponsesRequest) -> Any:
+    if req.tool_choice is None:
+        return "auto" if req.tools else "none"
+    return msgspec.to_builtins(req.tool_choice)
 
 
 def _as_common(req: ResponsesRequest) -> CompletionRequest:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,34 +38,44 @@ class ToolPlan:
 def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
     """None when the request makes no tool calls (no tools, or tool_choice "none")."""
     _check_messages(req)
-    choice = req.tool_choice
-    if not req.tools:
+    constrained = ((req.response_format is not None and req.response_format.type != "text")
+                   or bool(req.structured_outputs))
+    return plan(req.tools, req.tool_choice, req.parallel_tool_calls, constrained,
+                lambda i: f"tools[{i}].function.parameters")
+
+
+def plan(tools: list[Tool] | None, choice: str | Any, parallel: bool | None, constrained: bool,
+         params_param: Callable[[int], str]) -> ToolPlan | None:
+    """The plan for chat and /v1/responses alike; ``choice`` is "none", "auto", "required" or
+    an object with the function's name (``.function.name`` on chat, ``.name`` on responses);
+    ``constrained``: the request also asks for response_format/structured_outputs."""
+    if not tools:
         if choice is not None:
             raise ParamError("tool_choice is only allowed when tools are given", param="tool_choice")
         return None
-    names = [t.function.name for t in req.tools]
+    names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise ParamError("tool function names must be unique", param="tools")
-    for i, t in enumerate(req.tools):
+    for i, t in enumerate(tools):
         if t.function.parameters is not None:
-            validate(StructuredOutputsParams(json=json.dumps(t.function.parameters)),
-                     f"tools[{i}].function.parameters")
+            validate(StructuredOutputsParams(json=json.dumps(t.function.parameters)), params_param(i))
     if choice == "none":
         return None     # the model is not told of tools it may not call
-    tools = [msgspec.to_builtins(t) for t in req.tools]
+    as_dicts = [msgspec.to_builtins(t) for t in tools]
     if choice is None or choice == "auto":
-        return ToolPlan("auto", tools)
-    if (req.response_format is not None and req.response_format.type != "text") or req.structured_outputs:
+        return ToolPlan("auto", as_dicts)
+    if constrained:
         raise ParamError("a required or named tool_choice cannot be combined with response_format "
                          "or structured_outputs", param="tool_choice")
     if choice == "required":
-        parallel = req.parallel_tool_calls is not False
-        return ToolPlan("required", tools, StructuredOutputsParams(grammar=call_grammar(req.tools, parallel)))
-    named = [t for t in req.tools if t.function.name == choice.function.name]
+        grammar = call_grammar(tools, parallel is not False)
+        return ToolPlan("required", as_dicts, StructuredOutputsParams(grammar=grammar))
+    wanted = choice.function.name if hasattr(choice, "function") else choice.name
+    named = [t for t in tools if t.function.name == wanted]
     if not named:
-        raise ParamError(f"tool_choice names {choice.function.name!r}, which is not among the tools",
+        raise ParamError(f"tool_choice names {wanted!r}, which is not among the tools",
                          param="tool_choice")
-    return ToolPlan("named", tools, StructuredOutputsParams(grammar=call_grammar(named, False)))
+    return ToolPlan("named", as_dicts, StructuredOutputsParams(grammar=call_grammar(named, False)))
 
 
 def call_grammar(tools: list[Tool], parallel: bool) -> str:

@@ -94,12 +94,19 @@ def test_unknown_ids_are_404(client):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": "Hi", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f",
+                                "parameters": {"type": "objectx"}}]}, "tools[0].parameters"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}, {"type": "function", "name": "f"}]},
+     "tools"),
+    ({"input": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0].name"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "function", "name": "g"}}, "tool_choice"),
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x",
                                          "schema": {"type": "objectx"}}}}, "text.format.schema"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0]"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0]"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0]"),
     ({"input": [{"role": "user"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": ""}, "input"),
