@@ -91,9 +91,11 @@ class LLM:
             for i in range(p.n):
                 child = f"{rid}-{i}"
                 child_params = p.for_child(i)
+                # n > 1: one prefill, the other choices fork it (not when each scores the prompt)
+                leader = f"{rid}-0" if i and p.prompt_logprobs is None else None
                 self.core.add_request(EngineCoreRequest(child, tokens, child_params,
                                                         self.tokenizer.eos_token_id, time.time(),
-                                                        priority=prio))
+                                                        priority=prio, prefill_leader=leader))
                 processor.add_request(child, tokens, child_params, prompt=text)
                 results[child] = (result, i)
         while self.core.has_unfinished_requests():

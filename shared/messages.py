@@ -113,7 +113,10 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     trace: bool = False
     trace_decode: bool = False      # trace every decode step instead of summarising them
-    priority: int = 0               # lower runs first (--scheduling-policy priority); kept last
+    priority: int = 0               # lower runs first (--scheduling-policy priority)
+    # n > 1: the id of the request with the same prompt that prefills it for this one; the
+    # core admits this request once that prompt is computed and forks its KV (one prefill).
+    prefill_leader: str | None = None
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):
@@ -160,6 +163,7 @@ class SchedulerStats(msgspec.Struct, array_like=True):
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     num_tracked: int = 0                # requests the scheduler holds state for (leak check)
+    num_forked_tokens: int = 0          # prompt tokens n > 1 siblings took from their leader
 
 
 class StepTimes(msgspec.Struct, array_like=True):

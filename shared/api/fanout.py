@@ -1,7 +1,9 @@
 """Run one HTTP request as several engine requests and merge their delta streams.
 
 A request with n samples and p prompts becomes n * p engine requests with ids
-``{id}-{index}``, where index is the choice index. Each runs in its own task that
+``{id}-{index}``, where index is the choice index. The FanOut is the parent request: the
+first choice of each prompt leads, the others name it as their ``prefill_leader`` so the
+core prefills the prompt once (not when prompt logprobs are asked: each child scores them). Each runs in its own task that
 pushes outputs into one queue; closing the FanOut cancels the tasks, and each task
 aborts its engine request if it did not finish, so the engine frees its blocks.
 """
@@ -29,6 +31,7 @@ class _Child:
     prompt_ids: list[int]
     params: SamplingParams
     priority: int = 0
+    prefill_leader: str | None = None
     finished: bool = False
     first_at: float | None = None
     last_at: float | None = None
@@ -45,7 +48,7 @@ class FanOut:
         self.arrival = time.perf_counter()
         self.children = [
             _Child(j * n + i, f"{base_id}-{j * n + i}", job.prompt_ids, job.params.for_child(i),
-                   job.priority)
+                   job.priority, _leader(base_id, job, j * n, i))
             for j, job in enumerate(jobs) for i in range(n)
         ]
         self.n = n
@@ -96,7 +99,8 @@ class FanOut:
         gen: object = None
         try:
             gen = self.engine.generate(child.request_id, child.prompt_ids, child.params,
-                                       trace=self.trace is not None, priority=child.priority)
+                                       trace=self.trace is not None, priority=child.priority,
+                                       prefill_leader=child.prefill_leader)
             if inspect.isawaitable(gen):  # tolerate an engine whose generate is a coroutine
                 gen = await gen
             async for out in gen:
@@ -138,6 +142,12 @@ class FanOut:
         group = self.children[start:start + self.n]
         if all(c.finished for c in group):
             self.metrics.on_prompt_finished(max(c.num_generated for c in group))
+
+
+def _leader(base_id: str, job: Job, first: int, i: int) -> str | None:
+    if i == 0 or job.params.prompt_logprobs is not None:
+        return None
+    return f"{base_id}-{first}"
 
 
 async def _close_quietly(gen: object) -> None:

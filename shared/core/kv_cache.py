@@ -119,6 +119,30 @@ class KVCacheManager:
             table.extend(self.pool.allocate(num_new_blocks))
         return True
 
+    def fork(self, child: Request, parent: Request, num_tokens: int) -> list[tuple[int, int]] | None:
+        """Give ``child`` the KV of ``parent``'s first ``num_tokens`` tokens (equal prompts).
+
+        The full blocks are shared (one more reference each); the block holding token
+        ``num_tokens`` is fresh, and when it holds some of those tokens the returned
+        (parent block, child block) pair must be copied before the next forward:
+
+            parent  [ A | B | C. ]      num_tokens = 10, block_size = 4: A, B shared,
+            child   [ A | B | C' ]      C' = copy of C (tokens 8, 9), token 10 computed next
+
+        None, changing nothing, if no block is free or the parent lacks the tokens.
+        """
+        table = self._tables.get(parent.request_id, [])
+        num_shared = num_tokens // self.block_size
+        if child.request_id in self._tables or len(table) <= num_shared or self.num_free_blocks < 1:
+            return None
+        shared = table[:num_shared]
+        self.pool.touch(shared)
+        self._tables[child.request_id] = [*shared, *self.pool.allocate(1)]
+        self._num_hashed[child.request_id] = num_shared
+        if num_tokens % self.block_size == 0:
+            return []
+        return [(table[num_shared], self._tables[child.request_id][-1])]
+
     def free(self, request: Request) -> None:
         """Return the request's blocks; cached ones stay hashed until evicted. Idempotent."""
         rid = request.request_id

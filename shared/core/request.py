@@ -53,6 +53,7 @@ class Request:
         trace: bool = False,
         trace_decode: bool = False,
         priority: int = 0,
+        prefill_leader: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -63,6 +64,8 @@ class Request:
         self.trace_decode = trace_decode    # keep every decode step's events (no summary)
         self.priority = priority            # lower runs first under the priority policy
         self.seq = 0                        # insertion order, set when queued: the last tie-break
+        # Waits for this request's prompt KV and forks it (cleared once forked or moot).
+        self.prefill_leader = prefill_leader
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprobs] = []
         self.prompt_logprobs: list[TokenLogprobs] = []    # scored so far (prompt_logprobs asked)
@@ -83,7 +86,8 @@ class Request:
     @classmethod
     def from_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params,
-                   req.eos_token_id, req.arrival_time, req.trace, req.trace_decode, req.priority)
+                   req.eos_token_id, req.arrival_time, req.trace, req.trace_decode, req.priority,
+                   req.prefill_leader)
 
     @property
     def num_prompt_tokens(self) -> int:

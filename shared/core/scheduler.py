@@ -19,8 +19,10 @@ from collections.abc import Iterable
 from shared.config import CacheConfig, SchedulerConfig
 from shared.core.admission import check_fits, max_output_tokens
 from shared.core.kv_cache import KVCacheManager
+from shared.core.prefill_fork import prefill_leader
 from shared.core.queue_policy import QueuePolicy
 from shared.core.request import Request, RequestStatus
+from shared.core.sched_trace import trace_finished, trace_sampled, trace_scheduled
 from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from shared.core.stop import check_stop
 from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
@@ -46,6 +48,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []           # the last is the first preemption victim
         self.num_preemptions = 0
+        self.num_forked_tokens = 0                 # prompt tokens n > 1 siblings did not compute
         self._finished_ids: list[str] = []         # since the last non-empty schedule()
         # Requests that ended while waiting (a grammar that failed to compile): sent next step.
         self._unsent: list[EngineCoreOutput] = []
@@ -122,10 +125,12 @@ class Scheduler:
         i = 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[i]
-            if req.grammar is not None and not self._grammar_ready(req):
-                i += 1      # still compiling (or just failed): the requests behind it go on
+            leader = prefill_leader(req, self.requests)
+            if ((req.grammar is not None and not self._grammar_ready(req))
+                    or (leader is not None and leader.num_computed_tokens < req.num_prompt_tokens - 1)):
+                i += 1  # grammar compiling, or n > 1 leader prefilling: the requests behind go on
                 continue
-            num_new = self._admit(i, out, budget)
+            num_new = self._fork(i, leader, out, budget) if leader else self._admit(i, out, budget)
             if num_new == 0:
                 break    # nobody overtakes the first request that can run (either policy)
             budget -= num_new
@@ -152,6 +157,22 @@ class Scheduler:
         unsent, self._unsent = self._unsent, []
         return unsent
 
+    def _fork(self, index: int, leader: Request, out: SchedulerOutput, budget: int) -> int:
+        """Admit ``waiting[index]`` on its leader's prompt KV (see prefill_fork.py); 1 token."""
+        req = self.waiting[index]
+        if leader.status is not RequestStatus.RUNNING:
+            return 0        # still waiting itself (it is ahead in the queue)
+        num_done = req.num_prompt_tokens - 1
+        copies = self.kv_cache_manager.fork(req, leader, num_done)
+        if copies is None:
+            return 0
+        req.prefill_leader = None
+        self.num_forked_tokens += num_done
+        out.block_copies.extend(copies)
+        # Forking is not a prefix-cache hit: the leader's own hits are the prompt's.
+        self._start(index, out, num_done, 1, leader.num_cached_tokens)
+        return 1
+
     def _admit(self, index: int, out: SchedulerOutput, budget: int) -> int:
         """Move ``waiting[index]`` to running if its blocks fit; tokens scheduled."""
         req = self.waiting[index]
@@ -160,15 +181,21 @@ class Scheduler:
         num_new = min(req.num_tokens - num_hit, budget)
         if not kv.allocate_slots(req, num_new, hits):
             return 0
+        self._start(index, out, num_hit, num_new, num_hit)
+        return num_new
+
+    def _start(self, index: int, out: SchedulerOutput, num_done: int, num_new: int,
+               num_cached: int) -> None:
+        """``waiting[index]``, its blocks in hand with ``num_done`` tokens' KV, runs now."""
+        req = self.waiting[index]
         del self.waiting[index]
         if req.status is RequestStatus.WAITING:     # first admission, not a resume
-            req.num_cached_tokens = num_hit
+            req.num_cached_tokens = num_cached
             req.scheduled_at = time.monotonic()
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_hit
+        req.num_computed_tokens = num_done
         self.policy.admit(self.running, req)
-        self._add_scheduled(out, req, num_new, num_hit)
-        return num_new
+        self._add_scheduled(out, req, num_new, num_done)
 
     def _add_scheduled(self, out: SchedulerOutput, req: Request, num_new: int,
                        num_hit: int = 0) -> None:
@@ -176,21 +203,8 @@ class Scheduler:
         s = ScheduledRequest(req, req.num_computed_tokens, num_new, block_ids)
         out.scheduled.append(s)
         if req.trace:
-            self._trace_scheduled(out, s, num_hit)
-
-    def _trace_scheduled(self, out: SchedulerOutput, s: ScheduledRequest, num_hit: int) -> None:
-        """Steps 6 and 7 of a traced request: picked for this batch, blocks in hand."""
-        if out.traced is None:
-            out.traced = []
-        out.traced.append(s)
-        rid, decode = s.request.request_id, s.start >= s.request.num_prompt_tokens
-        self.tracer.event(rid, Step.SCHEDULED, "scheduled",
-                          {"new_tokens": s.num_new_tokens, "computed": s.start,
-                           "running": len(self.running)}, where=self.schedule, decode=decode)
-        kv = self.kv_cache_manager
-        self.tracer.event(rid, Step.KV_ALLOCATED, "KV blocks allocated",
-                          {"blocks": len(s.block_ids), "free_blocks": kv.num_free_blocks,
-                           "prefix_hit_tokens": num_hit}, where=kv.allocate_slots, decode=decode)
+            trace_scheduled(self.tracer, out, s, num_hit, len(self.running),
+                            self.kv_cache_manager, self.schedule)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Recompute later: drop its KV, keep its outputs, queue it first (fcfs) or in place."""
@@ -243,9 +257,7 @@ class Scheduler:
         if logprobs is not None:
             req.output_logprobs.append(logprobs)
         if req.trace:
-            self.tracer.event(req.request_id, Step.SAMPLED, "token sampled",
-                              {"token_id": token, "output_tokens": req.num_output_tokens},
-                              where=self.update_from_output, decode=req.num_output_tokens > 1)
+            trace_sampled(self.tracer, req, token, self.update_from_output)
         status = check_stop(req, token, self.max_model_len)
         if status is not None:
             self._finish(req, status)
@@ -263,10 +275,7 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         del self.requests[req.request_id]
         if req.trace:
-            self.tracer.end(req.request_id)
-            self.tracer.event(req.request_id, Step.SAMPLED, "finished in the core, KV blocks freed",
-                              {"reason": status.finish_reason, "blocks_freed": num_blocks},
-                              where=self.update_from_output)
+            trace_finished(self.tracer, req, num_blocks, self.update_from_output)
         self._finished_ids.append(req.request_id)
 
     # -- queries ----------------------------------------------------------------------------
@@ -288,4 +297,4 @@ class Scheduler:
             num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
             kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.num_preemptions,
-            num_tracked=len(self.requests))
+            num_tracked=len(self.requests), num_forked_tokens=self.num_forked_tokens)

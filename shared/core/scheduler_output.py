@@ -34,6 +34,9 @@ class SchedulerOutput:
     preempted_ids: list[str] = field(default_factory=list)
     # Requests that finished or were aborted since the last step: the runner drops their state.
     finished_ids: list[str] = field(default_factory=list)
+    # KV blocks to copy (source, destination) before this step's forward: the block holding
+    # a forked request's last prompt token, copied from its prefill leader.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
     # The traced subset of ``scheduled``; None (not allocated) when no request is traced.
     traced: list[ScheduledRequest] | None = None
 

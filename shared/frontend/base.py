@@ -66,7 +66,8 @@ class EngineFrontend:
 
     # -- EngineClient ------------------------------------------------------------------------
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       trace: bool = False, priority: int = 0,
+                       prefill_leader: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream delta outputs of one sequence; leaving early aborts it in the core."""
         self._check_alive()
         if len(self._queues) - self._stats["num_running"] >= self.max_waiting_requests:
@@ -77,7 +78,7 @@ class EngineFrontend:
         keep_all = trace and self.traces.keep_all(request_id)
         request = EngineCoreRequest(request_id, prompt_token_ids, params,
                                     self.tokenizer.eos_token_id, time.time(), trace, keep_all,
-                                    priority)
+                                    priority, prefill_leader)
         if trace:
             self.tracer.begin(request_id, keep_all)
             self._traced[request_id] = 0
@@ -180,7 +181,8 @@ class EngineFrontend:
                            kv_cache_usage=s.kv_cache_usage, num_free_blocks=s.num_free_blocks,
                            num_total_blocks=s.num_total_blocks, num_preemptions=s.num_preemptions,
                            prefix_cache_queries=s.prefix_cache_queries,
-                           prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked)
+                           prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked,
+                           num_forked_tokens=s.num_forked_tokens)
 
     def add_step_listener(self, listener: Callable[[StepTimes], None]) -> None:
         """Call ``listener`` with the timings of every engine step, as they arrive."""

@@ -16,8 +16,14 @@ class EngineClient(Protocol):
     model_info: ModelInfo
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                 trace: bool = False, priority: int = 0,
+                 prefill_leader: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream delta outputs of one sequence (n == 1) until one has ``finished``.
+
+        n > 1 is a parent request in the caller (``shared/api/fanout.py``) with one child
+        sequence per choice: children after the first pass the first's id as
+        ``prefill_leader``, and the core prefills the shared prompt once and forks its KV
+        (``shared/core/prefill_fork.py``).
 
         ``priority``: lower runs first under ``--scheduling-policy priority``; under fcfs the
         core refuses anything but 0 (``ParamError``).

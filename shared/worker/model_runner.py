@@ -184,6 +184,8 @@ class ModelRunner:
         """Flatten the scheduled chunks into one batch plus attention metadata."""
         # Preempted requests keep their seeded generators: a recompute must not replay draws.
         self.sampler.forget(sched.finished_ids)
+        if sched.block_copies:
+            self.copy_blocks(sched.block_copies)
         bs = self.block_size
         tokens: list[int] = []
         positions, slots, logits_idx = [], [], []
@@ -225,6 +227,15 @@ class ModelRunner:
             sampling_requests=sampling,
             prompt_rows=scored,
         )
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """KV of block src -> block dst in every layer (a forked request's partial block)."""
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
 
     def _to_device(self, arr: np.ndarray) -> torch.Tensor:
         if self.device.type != "cuda":

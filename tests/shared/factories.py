@@ -20,7 +20,7 @@ TokenFn = Callable[[list[int]], int]
 
 def make_request(rid: str, prompt: list[int] | int, max_tokens: int | None = 16,
                  eos_token_id: int | None = None, priority: int = 0, arrival_time: float = 0.0,
-                 **params: object) -> Request:
+                 prefill_leader: str | None = None, **params: object) -> Request:
     """``prompt`` is a token list, or a length (tokens derived from the id, so ids differ)."""
     if isinstance(prompt, int):
         base = sum(ord(c) for c in rid) * 7
@@ -28,7 +28,7 @@ def make_request(rid: str, prompt: list[int] | int, max_tokens: int | None = 16,
     params.setdefault("temperature", 0.0)
     sp = SamplingParams(max_tokens=max_tokens, **params)
     return Request(rid, prompt, sp, eos_token_id=eos_token_id, arrival_time=arrival_time,
-                   priority=priority)
+                   priority=priority, prefill_leader=prefill_leader)
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8,
@@ -63,6 +63,11 @@ class FakeModel:
     kv: dict[int, tuple[int, int]] = field(default_factory=dict)   # slot -> (position, token)
 
     def execute(self, sched_out: SchedulerOutput) -> ModelRunnerOutput:
+        bs = self.block_size
+        for src, dst in sched_out.block_copies:     # as the model runner does, before the forward
+            for i in range(bs):
+                if src * bs + i in self.kv:
+                    self.kv[dst * bs + i] = self.kv[src * bs + i]
         sampled = {}
         for s in sched_out.scheduled:
             history = self._write_and_read(s.request.all_token_ids, s.start, s.num_new_tokens, s.block_ids)

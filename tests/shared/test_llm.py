@@ -97,6 +97,24 @@ def test_n_choices_and_logprobs(llm: LLM) -> None:
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1   # seeds differ per choice
 
 
+def test_n_choices_fork_one_prefill_and_match_a_lone_request(llm: LLM) -> None:
+    """Eight greedy choices share one prefill (the siblings compute only the last prompt
+    token, on KV forked from the first: shared blocks plus a copied partial block) and give
+    what one request alone gives."""
+    prompt = _chat_ids(llm, "Why is the sky blue? Answer in one sentence.")   # not a block multiple
+    assert len(prompt) % 16 != 1
+    alone = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, logprobs=0))[0]
+    stats = llm.core.scheduler
+    before = stats.num_forked_tokens
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, n=8, logprobs=0))[0]
+    assert stats.num_forked_tokens - before == 7 * (len(prompt) - 1)
+    want = alone.outputs[0]
+    for choice in out.outputs:
+        assert choice.token_ids == want.token_ids
+        for got, ref in zip(choice.logprobs, want.logprobs):
+            assert abs(got.logprob - ref.logprob) < 1e-3
+
+
 def test_stop_string_truncates_text(llm: LLM) -> None:
     full = llm.chat([{"role": "user", "content": QUESTIONS[0]}], SamplingParams(temperature=0, max_tokens=32))
     stopped = llm.chat([{"role": "user", "content": QUESTIONS[0]}],

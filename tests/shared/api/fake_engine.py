@@ -41,11 +41,14 @@ class FakeEngine:
         self.healthy = True
         self.calls: list[tuple[str, SamplingParams]] = []
         self.aborted: list[str] = []
+        self.leaders: dict[str, str | None] = {}     # request id -> the prefill_leader it named
         self.running: set[str] = set()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       trace: bool = False, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       trace: bool = False, priority: int = 0,
+                       prefill_leader: str | None = None) -> AsyncIterator[RequestOutput]:
         self.calls.append((request_id, params))
+        self.leaders[request_id] = prefill_leader
         if self.fail_at_start is not None:
             raise self.fail_at_start
         self.running.add(request_id)

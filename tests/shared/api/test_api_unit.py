@@ -63,6 +63,9 @@ def test_fan_out_ids_and_seeds():
     assert sorted(rid for rid, _ in engine.calls) == sorted(f"{base}-{i}" for i in range(6))
     seeds = {rid: p.seed for rid, p in engine.calls}
     assert [seeds[f"{base}-{i}"] for i in range(6)] == [10, 11, 12, 10, 11, 12]
+    # The first choice of each prompt prefills it for the other two (one prefill per prompt).
+    assert [engine.leaders[f"{base}-{i}"] for i in range(6)] == [
+        None, f"{base}-0", f"{base}-0", None, f"{base}-3", f"{base}-3"]
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16,
                              "prompt_tokens_details": {"cached_tokens": 0}}
 

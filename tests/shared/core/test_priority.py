@@ -115,10 +115,12 @@ def test_unknown_policy_is_refused_by_the_config() -> None:
         make_scheduler(scheduling_policy="lifo")
 
 
-def test_priority_rides_last_on_the_wire_and_old_encodings_still_decode() -> None:
-    req = EngineCoreRequest("r", [1, 2], SamplingParams(), None, 1.5, priority=-7)
+def test_new_fields_ride_last_on_the_wire_and_old_encodings_still_decode() -> None:
+    req = EngineCoreRequest("r", [1, 2], SamplingParams(), None, 1.5, priority=-7,
+                            prefill_leader="q")
     wire = msgspec.msgpack.encode(req)
-    assert msgspec.msgpack.decode(wire, type=list)[-1] == -7
-    assert Request.from_core_request(msgspec.msgpack.decode(wire, type=EngineCoreRequest)).priority == -7
+    assert msgspec.msgpack.decode(wire, type=list)[-2:] == [-7, "q"]
+    back = Request.from_core_request(msgspec.msgpack.decode(wire, type=EngineCoreRequest))
+    assert back.priority == -7 and back.prefill_leader == "q"
     old = msgspec.msgpack.encode(["r", [1, 2], {}, None, 1.5])     # before the field existed
     assert msgspec.msgpack.decode(old, type=EngineCoreRequest).priority == 0
