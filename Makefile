@@ -6,7 +6,7 @@ STAMP := $(VENV)/.twinserve-installed
 ENGINE ?= v1
 PORT ?= 8000
 
-.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured soak clean
+.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured bench-lmeval soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench-offline: install model
 # Constrained (json_schema) vs unconstrained decoding at 16 concurrent requests, plus compile times.
 bench-structured: install model
 	$(PY) -m compare.bench_structured
+
+# lm-evaluation-harness's local-completions model against twinserve (float32) vs its hf backend
+# on a local multiple-choice task; log-likelihoods must agree within 1e-2. Installs lm-eval.
+bench-lmeval: install model
+	$(PY) -m pip install -q 'lm-eval[api]==0.4.13' 'torch==2.13.0' 'transformers>=5.0,<5.25'
+	$(PY) -m compare.bench_lmeval --json bench-lmeval.json
 
 # 10 minutes of mixed load with dropped clients and bad requests per engine; then nothing left behind.
 soak: install model
