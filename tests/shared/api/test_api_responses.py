@@ -125,5 +125,8 @@ def test_openapi_has_responses(client):
     doc = client.get("/openapi.json").json()
     assert "/v1/responses" in doc["paths"] and "/v1/responses/{response_id}" in doc["paths"]
     props = doc["components"]["schemas"]["ResponsesRequest"]["properties"]
-    assert {"input", "instructions", "max_output_tokens", "store", "previous_response_id"} <= set(props)
+    assert {"input", "instructions", "max_output_tokens", "store", "previous_response_id",
+            "tools", "tool_choice", "parallel_tool_calls"} <= set(props)
+    tool = doc["components"]["schemas"]["ResponsesFunctionTool"]
+    assert {"type", "name", "parameters"} <= set(tool["properties"]) and "name" in tool["required"]
     assert json.dumps(doc["components"]["schemas"]["Response"])
