@@ -52,7 +52,8 @@ class AsyncLLM(EngineFrontend):
         self.core_pids = [r.pid for r in readies]
         self.core_pid = self.core_pids[0]  # shown in /debug/stats for per-process CPU accounting
         self.codec = wire.WireCodec()
-        self.router = DPRouter(n, readies[0].model_info.block_size)
+        self.router = DPRouter(n, readies[0].model_info.block_size,
+                               affinity=config.parallel.data_parallel_prefix_affinity)
         self._out_socks = [zmq.asyncio.Socket.from_socket(lc.out_sock) for lc in self.launchers]
         self._handlers: list[asyncio.Task[None]] = []
 
