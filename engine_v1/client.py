@@ -132,7 +132,7 @@ class AsyncLLM(EngineFrontend):
                 self._dispatch(engine, *self.codec.decode(frames))
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # noqa: BLE001 - a broken handler means a dead engine
+        except BaseException as e:  # any escape means a dead engine
             log.exception("output handler of engine core %d died", engine)
             self.fail_all(e)
 

@@ -60,7 +60,7 @@ class _Factory:
     def gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(self._name(name), doc, list(self.labels), registry=self.registry).labels(**self.labels)
 
-    def per_engine(self, kind: type[Gauge] | type[Counter] | type[Histogram], name: str, doc: str,
+    def per_engine(self, kind: type[Gauge | Counter | Histogram], name: str, doc: str,
                    **kw: object) -> PerEngine:
         """A metric with one series per engine core, made on first use of each index."""
         metric = kind(self._name(name), doc, list(self.labels), registry=self.registry, **kw)
