@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--quantization", choices=QUANTIZATION_MODES,
                    help="linear-layer weight format of both engines (default: the servers' own)")
+    p.add_argument("--engines", nargs="+", choices=("v0", "v1"), help="servers to run (default: v0 v1)")
+    p.add_argument("--data-parallel-size", type=int,
+                   help="also run v1 with this --data-parallel-size (as engine 'v1-dpN'), beside DP=1")
     p.add_argument("--url", help="drive this running OpenAI-compatible server instead of starting engines")
     p.add_argument("--tokenizer", help="folder with tokenizer.json for --url prompts (default: SmolLM2's)")
     p.add_argument("--api-key")
@@ -67,6 +70,8 @@ def config_from_args(ns: argparse.Namespace) -> CompareConfig:
              if f.name != "out" and getattr(ns, f.name, None) is not None}
     if "models" in given:
         given["models"] = ["tiny", "default"] if given["models"] == "both" else [given["models"]]
+    if "engines" in given:
+        given["engines"] = tuple(given["engines"])
     for key in ("input_len", "output_len"):
         if key in given:
             given[key] = tuple(given[key])

@@ -53,6 +53,8 @@ class CompareConfig:
     dtype: str = "auto"
     quantization: str | None = None         # None: each server's default (--quantization)
     engines: tuple[str, ...] = ("v0", "v1")
+    # > 1: one more server, "v1-dpN" (v1 with --data-parallel-size N), measured beside DP=1.
+    data_parallel_size: int = 1
     # --url: drive an already running server instead.
     url: str | None = None
     tokenizer: str | None = None            # folder with tokenizer.json (--url); None: default model
@@ -73,6 +75,12 @@ class CompareConfig:
             raise ValueError("endpoint must be completions or chat")
         if self.repeats < 1 or not self.concurrencies and self.request_rate is None:
             raise ValueError("need at least one repeat and one workload")
+        for e in self.engines:
+            if e not in ("v0", "v1", "url") and not e.startswith("v1-dp"):
+                raise ValueError(f"engine must be v0, v1 or v1-dpN, not {e!r}")
+        dp = f"v1-dp{self.data_parallel_size}"
+        if self.data_parallel_size > 1 and self.url is None and dp not in self.engines:
+            self.engines = (*self.engines, dp)
 
     def workloads(self) -> list[Workload]:
         """The concurrency sweep, then the open-loop workload; each has its own seed so a

@@ -40,7 +40,8 @@ def _machine_section(machine: dict[str, Any]) -> list[str]:
 
 def _settings_section(cfg: dict[str, Any]) -> list[str]:
     keys = ("engines", "models", "repeats", "warmup_requests", "endpoint", "input_len", "output_len",
-            "max_num_seqs", "max_num_batched_tokens", "kv_cache_size_gb", "num_threads", "dtype", "url")
+            "max_num_seqs", "max_num_batched_tokens", "kv_cache_size_gb", "num_threads", "data_parallel_size",
+            "dtype", "url")
     lines = ["## Settings", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {cfg.get(k)} |" for k in keys]
     lines += ["", "| workload | requests | concurrency | rate (req/s) | burstiness | seed |",
@@ -53,14 +54,17 @@ def _settings_section(cfg: dict[str, Any]) -> list[str]:
 
 def _figure_table(entry: dict[str, Any], part: str, rows: list[tuple[str, str]]) -> list[str]:
     engines = list(entry["engines"])
-    ratio = (entry.get("ratio_v1_over_v0") or {}).get(part)
-    head = "| figure | " + " | ".join(engines) + (" | v1/v0 |" if ratio else " |")
-    lines = [head, "|---" * (len(engines) + 1 + bool(ratio)) + "|"]
+    # v1/v0, then each v1-dpN/v1 (data parallel beside one core), where both were measured.
+    ratios = [("v1/v0", (entry.get("ratio_v1_over_v0") or {}).get(part))]
+    ratios += [(f"{e}/v1", (entry.get(f"ratio_{e}_over_v1") or {}).get(part)) for e in engines]
+    ratios = [(name, r) for name, r in ratios if r]
+    head = "| figure | " + " | ".join(engines + [name for name, _ in ratios]) + " |"
+    lines = [head, "|---" * (len(engines) + 1 + len(ratios)) + "|"]
     for key, label in rows:
         vals = [entry["engines"][e][part].get(key) for e in engines]
         if all(v is None for v in vals):
             continue
-        cells = [fmt(v) for v in vals] + ([fmt(ratio.get(key), ratio=True)] if ratio else [])
+        cells = [fmt(v) for v in vals] + [fmt(r.get(key), ratio=True) for _, r in ratios]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + [""]
 

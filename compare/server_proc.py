@@ -36,5 +36,13 @@ class ServerProcess(_Launcher):
     """A twinserve server started with ``settings`` (see shared/cli/server_process.py)."""
 
     def __init__(self, engine: str, settings: ServerSettings, log_path: Path) -> None:
-        super().__init__(engine, settings.flags(), log_path)
+        base, extra = engine_flags(engine)
+        super().__init__(base, [*settings.flags(), *extra], log_path)
         self.settings = settings
+
+
+def engine_flags(label: str) -> tuple[str, list[str]]:
+    """A harness engine label -> the --engine value and extra flags: "v1-dp2" is v1 with
+    --data-parallel-size 2."""
+    base, _, dp = label.partition("-dp")
+    return base, (["--data-parallel-size", dp] if dp else [])

@@ -71,8 +71,10 @@ def _cpu_figures(before: Snapshot, after: Snapshot, wall: float) -> dict[str, fl
     out: dict[str, float | None] = {}
     total = 0.0
     for role in ("api", "core"):
-        if role in before.cpu_s and role in after.cpu_s:
-            out[f"cpu_{role}_s"] = after.cpu_s[role] - before.cpu_s[role]
+        # Data parallel: "core", "core1", ... are the cores; their CPU time adds up.
+        roles = [r for r in after.cpu_s if r in before.cpu_s and r.rstrip("0123456789") == role]
+        if roles:
+            out[f"cpu_{role}_s"] = sum(after.cpu_s[r] - before.cpu_s[r] for r in roles)
             total += out[f"cpu_{role}_s"]  # type: ignore[operator]
         else:
             out[f"cpu_{role}_s"] = None

@@ -34,7 +34,9 @@ _STOP = object()
 
 
 class EngineCoreProc:
-    def __init__(self, config: EngineConfig, model_path: Path, input_addr: str, output_addr: str) -> None:
+    def __init__(self, config: EngineConfig, model_path: Path, input_addr: str, output_addr: str,
+                 engine_index: int = 0) -> None:
+        self.engine_index = engine_index      # stamped on every output (data parallel)
         self.codec = wire.WireCodec()
         self.input_queue: queue.Queue[tuple[bytes, Any]] = queue.Queue()
         self.output_queue: queue.Queue[Any] = queue.Queue()
@@ -54,7 +56,7 @@ class EngineCoreProc:
             self.close()  # flush the failure to the API process before exiting
             raise
         threading.Thread(target=_loud(self._input_loop, self), name="core-input", daemon=True).start()
-        self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid()))
+        self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid(), engine_index))
         self._running = True
         self._idle_reported = True
 
@@ -70,7 +72,8 @@ class EngineCoreProc:
             if tag == wire.ADD and payload.trace:
                 self.core.tracer.event(payload.request_id, Step.SUBMITTED,
                                        "decoded by the core's input thread",
-                                       {"bytes": sum(len(f) for f in frames)}, where=self._input_loop)
+                                       {"bytes": sum(len(f) for f in frames),
+                                        "engine": self.engine_index}, where=self._input_loop)
             self.input_queue.put((tag, payload))
 
     def _output_loop(self) -> None:
@@ -78,6 +81,8 @@ class EngineCoreProc:
             item = self.output_queue.get()
             if item is _STOP:
                 return
+            if isinstance(item, EngineCoreOutputs):
+                item.engine_index = self.engine_index
             tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
                    wire.CoreReject: wire.REJECT, wire.CoreFailure: wire.FAILED}[type(item)]
             self.out_sock.send_multipart(self.codec.encode(tag, item))
@@ -158,14 +163,15 @@ def _loud(target: Callable[[], None], proc: EngineCoreProc | None = None) -> Cal
     return run
 
 
-def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str) -> None:
+def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str,
+                    engine_index: int = 0) -> None:
     """Entry point of the spawned core process."""
     # Ctrl-C reaches the whole process group; the API server decides when the core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(os.getppid())
     config = msgspec.msgpack.decode(config_bytes, type=EngineConfig)
     try:
-        proc = EngineCoreProc(config, Path(model_path), input_addr, output_addr)
+        proc = EngineCoreProc(config, Path(model_path), input_addr, output_addr, engine_index)
     except BaseException as e:
         raise SystemExit(1) from e
     try:

@@ -4,10 +4,13 @@ Sockets are IPC sockets in a private 0700 directory, removed at shutdown; never 
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -17,12 +20,13 @@ from engine_v1 import wire
 from shared.config import EngineConfig
 
 
-def _core_main(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str) -> None:
+def _core_main(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str,
+               engine_index: int) -> None:
     """The spawned core's entry: torch and the model code are imported here, in the child,
     so the API process never loads them and the two processes start up in parallel."""
     from engine_v1.core_proc import run_engine_core
 
-    run_engine_core(config_bytes, model_path, input_addr, output_addr)
+    run_engine_core(config_bytes, model_path, input_addr, output_addr, engine_index)
 
 
 class CoreStartError(RuntimeError):
@@ -30,9 +34,12 @@ class CoreStartError(RuntimeError):
 
 
 class CoreLauncher:
-    def __init__(self, config: EngineConfig, model_path: Path) -> None:
+    """One engine-core process and its two sockets (data parallel: one launcher per core)."""
+
+    def __init__(self, config: EngineConfig, model_path: Path, engine_index: int = 0) -> None:
         self.config = config
         self.model_path = model_path
+        self.engine_index = engine_index
         self.ipc_dir = Path(tempfile.mkdtemp(prefix="twinserve-"))  # mkdtemp makes it 0700
         self.ctx = zmq.Context()
         self.in_sock = self.ctx.socket(zmq.PUSH)
@@ -49,9 +56,9 @@ class CoreLauncher:
     def spawn(self) -> None:
         spawn = multiprocessing.get_context("spawn")
         self.process = spawn.Process(
-            target=_core_main, name="twinserve-engine-core", daemon=True,
+            target=_core_main, name=f"twinserve-engine-core-{self.engine_index}", daemon=True,
             args=(msgspec.msgpack.encode(self.config), str(self.model_path),
-                  f"ipc://{self.ipc_dir}/input", self.output_addr),
+                  f"ipc://{self.ipc_dir}/input", self.output_addr, self.engine_index),
         )
         self.process.start()
 
@@ -74,8 +81,10 @@ class CoreLauncher:
                 if tag == wire.FAILED:
                     raise CoreStartError(payload.message)
             elif not self.is_alive():
-                raise CoreStartError(f"engine core process exited with code {self.process.exitcode}")
-        raise CoreStartError(f"engine core did not report ready within {timeout_s:.0f} s")
+                raise CoreStartError(f"engine core {self.engine_index} process exited with code "
+                                     f"{self.process.exitcode}")
+        raise CoreStartError(f"engine core {self.engine_index} did not report ready within "
+                             f"{timeout_s:.0f} s")
 
     def send(self, frames: list[bytes], timeout_ms: int = 2000) -> None:
         """Send to the core; raises zmq.Again if it cannot take a message within the bound
@@ -103,3 +112,40 @@ class CoreLauncher:
                 self.process.join(2)
         self.ctx.destroy(linger=0)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def core_config(config: EngineConfig, num_cores: int) -> EngineConfig:
+    """Each core's config: with data parallel and no --num-threads, the machine's CPUs are split
+    among the cores (at least one each), so N cores x torch's default never oversubscribe."""
+    if num_cores == 1 or config.model.num_threads:
+        return config
+    threads = max(1, len(os.sched_getaffinity(0)) // num_cores)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, num_threads=threads))
+
+
+def start_cores(config: EngineConfig, model_path: Path, num_cores: int
+                ) -> tuple[list[CoreLauncher], Callable[[float], list[wire.CoreReady]]]:
+    """Spawn ``num_cores`` cores at once (they load in parallel); the returned function waits
+    for every READY and, if any core fails, stops them all before raising."""
+    cfg = core_config(config, num_cores)
+    launchers = [CoreLauncher(cfg, model_path, i) for i in range(num_cores)]
+    try:
+        for lc in launchers:
+            lc.spawn()
+    except BaseException:
+        stop_all(launchers)
+        raise
+
+    def wait_ready(timeout_s: float) -> list[wire.CoreReady]:
+        deadline = time.monotonic() + timeout_s
+        try:
+            return [lc.wait_ready(max(1.0, deadline - time.monotonic())) for lc in launchers]
+        except BaseException:
+            stop_all(launchers)
+            raise
+    return launchers, wait_ready
+
+
+def stop_all(launchers: list[CoreLauncher]) -> None:
+    for lc in launchers:
+        lc.stop()

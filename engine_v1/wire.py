@@ -21,6 +21,7 @@ class CoreReady(msgspec.Struct):
 
     model_info: ModelInfo
     pid: int
+    engine_index: int = 0
 
 
 class CoreReject(msgspec.Struct):

@@ -88,6 +88,9 @@ class ParallelConfig:
     # v1 only: engine-core processes behind one API server, each with its own scheduler,
     # KV cache and model copy.
     data_parallel_size: int = 1
+    # Data parallel: send a request whose prompt starts like a recent one to the same core
+    # (its prefix cache), unless that core is busier than the least-loaded by a margin.
+    data_parallel_prefix_affinity: bool = True
     # Worker processes that split each layer's heads and MLP (torch.distributed).
     tensor_parallel_size: int = 1
 

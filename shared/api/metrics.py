@@ -1,10 +1,12 @@
 """Prometheus metrics of one app, named, typed and labelled as vLLM's v1 metrics.
 
 A private registry, so two apps in one process never clash. Every series carries
-``model_name`` (the served model name) and ``engine="0"``, the labels vLLM's panels filter
-on; ``--metrics-prefix vllm`` publishes them as ``vllm:*`` so vLLM's Grafana dashboard reads
-them unchanged. Gauges and the core's cumulative counters are read at scrape time; the rest
-is fed from output streams (``FanOut``) and engine steps.
+``model_name`` (the served model name) and ``engine``, the labels vLLM's panels filter on;
+``--metrics-prefix vllm`` publishes them as ``vllm:*`` so vLLM's Grafana dashboard reads
+them unchanged. Gauges and the core's cumulative counters are read at scrape time, one series
+per engine core (``engine="0"``, ``"1"``, ... under ``--data-parallel-size``; sum them for the
+server); so is the per-step token histogram. The request series are fed from output streams
+(``FanOut``) in the API process and carry ``engine="0"``.
 """
 from __future__ import annotations
 
@@ -58,6 +60,12 @@ class _Factory:
     def gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(self._name(name), doc, list(self.labels), registry=self.registry).labels(**self.labels)
 
+    def per_engine(self, kind: type[Gauge | Counter | Histogram], name: str, doc: str,
+                   **kw: object) -> PerEngine:
+        """A metric with one series per engine core, made on first use of each index."""
+        metric = kind(self._name(name), doc, list(self.labels), registry=self.registry, **kw)
+        return PerEngine(metric, self.labels["model_name"])
+
     def counter(self, name: str, doc: str) -> Counter:
         metric = Counter(self._name(name), doc, list(self.labels), registry=self.registry)
         return metric.labels(**self.labels)
@@ -70,6 +78,17 @@ class _Factory:
         return f"{self.prefix}:{name}"
 
 
+class PerEngine:
+    """One labelled metric; ``[i]`` is engine core i's series (created at 0 on first use)."""
+
+    def __init__(self, metric: Gauge | Counter | Histogram, model_name: str) -> None:
+        self.metric, self.model_name = metric, model_name
+        self[0]     # engine 0 exists from the start, as with one core
+
+    def __getitem__(self, engine: int) -> Gauge | Counter | Histogram:
+        return self.metric.labels(model_name=self.model_name, engine=str(engine))
+
+
 class ApiMetrics:
     def __init__(self, model_name: str, max_model_len: int, prefix: str = "twinserve") -> None:
         if prefix not in METRICS_PREFIXES:
@@ -78,7 +97,7 @@ class ApiMetrics:
         f = _Factory(prefix, model_name, self.registry)
         self._define_scheduler_metrics(f)
         self._define_request_metrics(f, one_two_five_buckets(max_model_len))
-        self._seen = dict.fromkeys(self.core_totals, 0)
+        self._seen: dict[tuple[str, int], int] = {}   # (stats key, engine) -> total seen
         # Older vLLM dashboards (the example grafana.json among them) query vLLM's deprecated
         # names; under the vllm prefix the same values go out under those names too.
         legacy = prefix == "vllm"
@@ -88,20 +107,24 @@ class ApiMetrics:
                                 "inter_token_latency_seconds", _ITL_BUCKETS) if legacy else None
 
     def _define_scheduler_metrics(self, f: _Factory) -> None:
-        self.running = f.gauge("num_requests_running", "Requests in the running batch")
-        self.waiting = f.gauge("num_requests_waiting", "Requests waiting to be scheduled")
-        self.kv_usage = f.gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)")
-        self.free_blocks = f.gauge("num_free_blocks", "Free KV cache blocks")
+        # Keyed by the scheduler's stats field each gauge shows.
+        self.core_gauges = {
+            "num_running": f.per_engine(Gauge, "num_requests_running", "Requests in the running batch"),
+            "num_waiting": f.per_engine(Gauge, "num_requests_waiting", "Requests waiting to be scheduled"),
+            "kv_cache_usage": f.per_engine(Gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)"),
+            "num_free_blocks": f.per_engine(Gauge, "num_free_blocks", "Free KV cache blocks"),
+        }
         # Keyed by the scheduler's stats field whose running total each counter follows.
         self.core_totals = {
-            "prefix_cache_queries": f.counter("prefix_cache_queries",
-                                              "Prefix cache queries, in prompt tokens looked up"),
-            "prefix_cache_hits": f.counter("prefix_cache_hits",
-                                           "Prefix cache hits, in tokens found cached"),
-            "num_preemptions": f.counter("num_preemptions", "Requests preempted by the scheduler"),
+            "prefix_cache_queries": f.per_engine(Counter, "prefix_cache_queries",
+                                                 "Prefix cache queries, in prompt tokens looked up"),
+            "prefix_cache_hits": f.per_engine(Counter, "prefix_cache_hits",
+                                              "Prefix cache hits, in tokens found cached"),
+            "num_preemptions": f.per_engine(Counter, "num_preemptions",
+                                            "Requests preempted by the scheduler"),
         }
-        self.iteration_tokens = f.histogram("iteration_tokens_total",
-                                            "Tokens computed per engine step", _ITERATION_BUCKETS)
+        self.iteration_tokens = f.per_engine(Histogram, "iteration_tokens_total",
+                                             "Tokens computed per engine step", buckets=_ITERATION_BUCKETS)
 
     def _define_request_metrics(self, f: _Factory, token_buckets: list[int]) -> None:
         self.prompt_tokens = f.counter("prompt_tokens", "Prompt tokens submitted")
@@ -131,27 +154,27 @@ class ApiMetrics:
 
     async def render(self, engine: EngineClient) -> bytes:
         stats = await engine.get_stats()
-        self.running.set(stats.get("num_running", 0))
-        self.waiting.set(stats.get("num_waiting", 0))
-        self.kv_usage.set(stats.get("kv_cache_usage", 0.0))
+        # Per core when the engine lists its cores; a client without the list is one core.
+        for i, core in enumerate(stats.get("engines") or [stats]):
+            for key, gauge in self.core_gauges.items():
+                gauge[i].set(core.get(key, 0))
+            self._follow_core_totals(core, i)
         if self.gpu_cache_usage is not None:
             self.gpu_cache_usage.set(stats.get("kv_cache_usage", 0.0))
-        self.free_blocks.set(stats.get("num_free_blocks", 0))
-        self._follow_core_totals(stats)
         return generate_latest(self.registry)
 
-    def _follow_core_totals(self, stats: dict) -> None:
+    def _follow_core_totals(self, stats: dict, engine: int) -> None:
         """The scheduler reports running totals; a counter can only add the growth since."""
         for key, counter in self.core_totals.items():
-            value = stats.get(key, 0)
-            if value > self._seen[key]:
-                counter.inc(value - self._seen[key])
-                self._seen[key] = value
+            value, seen = stats.get(key, 0), self._seen.get((key, engine), 0)
+            if value > seen:
+                counter[engine].inc(value - seen)
+                self._seen[key, engine] = value
 
-    def on_step(self, step: StepTimes) -> None:
-        """One engine step (called by the engine's output handler)."""
+    def on_step(self, step: StepTimes, engine: int = 0) -> None:
+        """One engine step of core ``engine`` (called by the engine's output handler)."""
         if step.num_tokens:
-            self.iteration_tokens.observe(step.num_tokens)
+            self.iteration_tokens[engine].observe(step.num_tokens)
 
     def on_tokens(self, n_new: int, since_last: float | None, since_arrival: float) -> None:
         """One delta of ``n_new`` tokens; ``since_last`` is None for a request's first delta."""

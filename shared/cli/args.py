@@ -60,6 +60,8 @@ HELP = {
                               "--num-blocks is not given",
     "data_parallel_size": "v1: engine-core processes behind the API server, each with its own "
                           "scheduler, KV cache and model copy; requests are routed by load",
+    "data_parallel_prefix_affinity": "v1, data parallel: route a prompt that shares its first "
+                                     "blocks with a recent one to that request's core",
     "tensor_parallel_size": "worker processes that split each layer's attention heads and MLP "
                             "(torch.distributed: gloo on CPU, NCCL on CUDA)",
     "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",

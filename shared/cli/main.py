@@ -31,9 +31,12 @@ def _engine_config(ns: argparse.Namespace) -> EngineConfig:
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     engine_config = _engine_config(ns)
-    if engine_config.parallel.data_parallel_size > 1 or engine_config.parallel.tensor_parallel_size > 1:
-        raise SystemExit("--data-parallel-size and --tensor-parallel-size > 1 are not built yet")
+    if engine_config.parallel.tensor_parallel_size > 1:
+        raise SystemExit("--tensor-parallel-size > 1 is not built yet")
     server_config = build_dataclass(ServerConfig, ns)
+    if engine_config.parallel.data_parallel_size > 1 and server_config.engine != "v1":
+        raise SystemExit("--data-parallel-size > 1 needs --engine v1 (v0 runs one engine core "
+                         "inside the API process)")
     if server_config.api_key is None:
         server_config.api_key = os.environ.get("TWINSERVE_API_KEY") or None
     return asyncio.run(_serve(engine_config, server_config))

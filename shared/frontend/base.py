@@ -30,6 +30,9 @@ from shared.trace.tracer import Tracer
 
 _STEP_PHASES = ("schedule", "prepare", "forward", "sample", "update")
 _FRONTEND_PHASES = ("output",)  # detokenization and stream feeding, in the API process
+_SUMMED_STATS = ("num_running", "num_waiting", "num_free_blocks", "num_total_blocks",
+                 "num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "core_requests",
+                 "num_forked_tokens")
 
 
 class EngineFrontend:
@@ -37,16 +40,21 @@ class EngineFrontend:
     model_info: ModelInfo
     process_name = "api-server"   # how this process appears in lifecycle traces
 
-    def __init__(self, tokenizer: Tokenizer, model_info: ModelInfo, max_waiting_requests: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, model_info: ModelInfo, max_waiting_requests: int,
+                 num_engines: int = 1) -> None:
         self.tokenizer = tokenizer
         self.model_info = model_info
         self.max_waiting_requests = max_waiting_requests
         self.output_processor = OutputProcessor(tokenizer)
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._dead: BaseException | None = None
-        self._stats: dict[str, Any] = {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0,
-                                       "num_free_blocks": model_info.num_kv_blocks,
-                                       "num_total_blocks": model_info.num_kv_blocks}
+        # One entry per engine core (data parallel); _stats is their sum, what one core shows.
+        self._engine_stats: list[dict[str, Any]] = [
+            {"engine": i, **dict.fromkeys(_SUMMED_STATS, 0), "kv_cache_usage": 0.0,
+             "num_free_blocks": model_info.num_kv_blocks,
+             "num_total_blocks": model_info.num_kv_blocks} for i in range(num_engines)]
+        self._stats: dict[str, Any] = {}
+        self._sum_engine_stats()
         self._step_totals = {p: 0.0 for p in _STEP_PHASES + _FRONTEND_PHASES} | {"steps": 0, "tokens": 0}
         self.core_pid: int | None = None
         # Lifecycle traces: the API layer records steps 1-3 and 13, this class 4 and 12; the
@@ -55,7 +63,7 @@ class EngineFrontend:
         self.tracer = Tracer(self.process_name, sink=self.traces.add)
         self._traced: dict[str, int] = {}     # request id -> outputs seen so far
         self._last_progress = time.monotonic()  # an output from the engine (see stalled_for)
-        self._step_listeners: list[Callable[[StepTimes], None]] = []   # e.g. /metrics
+        self._step_listeners: list[Callable[[StepTimes, int], None]] = []   # e.g. /metrics
 
     # -- hooks for the engines ---------------------------------------------------------------
     def _submit(self, request: EngineCoreRequest) -> None:
@@ -134,6 +142,7 @@ class EngineFrontend:
                                   "api_traced": len(self._traced),
                                   "core_requests": self._stats.get("core_requests", 0)},
                 "step_totals": dict(self._step_totals),
+                "engines": [dict(e) for e in self._engine_stats],
                 "pids": {"api": os.getpid(), "core": self.core_pid}}
 
     # -- called by the engines ---------------------------------------------------------------
@@ -153,9 +162,9 @@ class EngineFrontend:
             if queue is not None:
                 queue.put_nowait(out)
         if outputs.stats is not None:
-            self._update_stats(outputs.stats)
+            self._update_stats(outputs.stats, outputs.engine_index)
         if outputs.step is not None:
-            self._add_step_times(outputs.step)
+            self._add_step_times(outputs.step, outputs.engine_index)
         self._step_totals["output"] += time.perf_counter() - t0
 
     def _take_failed(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
@@ -176,25 +185,34 @@ class EngineFrontend:
                            "finish_reason": delta.finish_reason},
                           where=self.process_engine_outputs, decode=seen > 1)
 
-    def _update_stats(self, s: SchedulerStats) -> None:
-        self._stats.update(num_running=s.num_running, num_waiting=s.num_waiting,
-                           kv_cache_usage=s.kv_cache_usage, num_free_blocks=s.num_free_blocks,
-                           num_total_blocks=s.num_total_blocks, num_preemptions=s.num_preemptions,
-                           prefix_cache_queries=s.prefix_cache_queries,
-                           prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked,
-                           num_forked_tokens=s.num_forked_tokens)
+    def _update_stats(self, s: SchedulerStats, engine: int = 0) -> None:
+        self._engine_stats[engine].update(
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
+            num_free_blocks=s.num_free_blocks, num_total_blocks=s.num_total_blocks,
+            num_preemptions=s.num_preemptions, prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits, core_requests=s.num_tracked,
+            num_forked_tokens=s.num_forked_tokens)
+        self._sum_engine_stats()
 
-    def add_step_listener(self, listener: Callable[[StepTimes], None]) -> None:
-        """Call ``listener`` with the timings of every engine step, as they arrive."""
+    def _sum_engine_stats(self) -> None:
+        """The whole server's figures: counts add up; KV usage is the share of all blocks."""
+        for key in _SUMMED_STATS:
+            self._stats[key] = sum(e[key] for e in self._engine_stats)
+        total = self._stats["num_total_blocks"]
+        used = sum(e["kv_cache_usage"] * e["num_total_blocks"] for e in self._engine_stats)
+        self._stats["kv_cache_usage"] = used / total if total else 0.0
+
+    def add_step_listener(self, listener: Callable[[StepTimes, int], None]) -> None:
+        """Call ``listener(times, engine_index)`` for every engine step, as they arrive."""
         self._step_listeners.append(listener)
 
-    def _add_step_times(self, t: StepTimes) -> None:
+    def _add_step_times(self, t: StepTimes, engine: int = 0) -> None:
         for phase in _STEP_PHASES:
             self._step_totals[phase] += getattr(t, phase)
         self._step_totals["steps"] += 1
         self._step_totals["tokens"] += t.num_tokens
         for listener in self._step_listeners:
-            listener(t)
+            listener(t, engine)
 
     def fail_request(self, request_id: str, error: BaseException) -> None:
         """End one request with an error (e.g. the core refused it)."""

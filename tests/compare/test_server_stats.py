@@ -38,3 +38,22 @@ def test_max_lag_known_when_it_rose() -> None:
 def test_server_without_stats_gives_only_the_window() -> None:
     f = server_figures(Snapshot(0.0, None), Snapshot(2.0, None))
     assert f["window_s"] == 2.0 and f.get("forward_busy") is None and f["cpu_total_s"] is None
+
+
+def test_data_parallel_cores_cpu_adds_up() -> None:
+    before = Snapshot(0.0, _stats(1.0, 10, 0, 0.0, 0.0), {"api": 1.0, "core": 2.0, "core1": 4.0})
+    after = Snapshot(2.0, _stats(1.0, 10, 0, 0.0, 0.0), {"api": 1.5, "core": 3.0, "core1": 5.5})
+    f = server_figures(before, after)
+    assert f["cpu_core_s"] == pytest.approx(2.5) and f["cpu_total_s"] == pytest.approx(3.0)
+
+
+def test_data_parallel_setting_adds_a_v1_dp_server() -> None:
+    from compare.config import CompareConfig
+    from compare.server_proc import engine_flags
+
+    cfg = CompareConfig(out="x", engines=("v1",), data_parallel_size=2)
+    assert cfg.engines == ("v1", "v1-dp2")
+    assert engine_flags("v1-dp2") == ("v1", ["--data-parallel-size", "2"])
+    assert engine_flags("v0") == ("v0", [])
+    with pytest.raises(ValueError, match="v1-dpN"):
+        CompareConfig(out="x", engines=("v2",))
