@@ -74,3 +74,17 @@ def test_short_shared_prefixes_do_not_attract() -> None:
     assert r.affinity_routed == 0
     with pytest.raises(ValueError):
         DPRouter(0, BS)
+
+
+def test_cores_split_the_cpus_unless_threads_are_given() -> None:
+    import os
+
+    from engine_v1.launcher import core_config
+    from shared.config import EngineConfig, ModelConfig
+
+    cpus = len(os.sched_getaffinity(0))
+    assert core_config(EngineConfig(), 2).model.num_threads == max(1, cpus // 2)
+    assert core_config(EngineConfig(), 4 * cpus).model.num_threads == 1      # never zero
+    assert core_config(EngineConfig(), 1).model.num_threads is None           # torch's default
+    given = EngineConfig(model=ModelConfig(num_threads=3))
+    assert core_config(given, 2).model.num_threads == 3
