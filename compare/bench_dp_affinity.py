@@ -32,16 +32,15 @@ def build_prompts(docs: int, doc_len: int, questions: int, seed: int = 0) -> lis
 
 async def _ttft(client: httpx.AsyncClient, model: str, prompt: list[int]) -> float:
     body = {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True}
-    t0 = time.perf_counter()
+    t0, ttft = time.perf_counter(), None
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if line.startswith("data: {") and '"text":""' not in line:
+        async for line in resp.aiter_lines():       # read to the end: the request completes
+            if ttft is None and line.startswith("data: {") and '"text":""' not in line:
                 ttft = time.perf_counter() - t0
-                async for _ in resp.aiter_lines():      # drain the rest of the stream
-                    pass
-                return ttft
-    raise RuntimeError("stream ended without a token")
+    if ttft is None:
+        raise RuntimeError("stream ended without a token")
+    return ttft
 
 
 async def _drive(base_url: str, prompts: list[list[int]], concurrency: int) -> list[float]:

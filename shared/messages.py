@@ -183,11 +183,11 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     timestamp: float
     stats: SchedulerStats | None = None
     step: StepTimes | None = None
+    # Which engine core sent these (data parallel: --data-parallel-size); 0 with one core.
+    engine_index: int = 0
     # Lifecycle events of traced requests recorded in the core (steps 5-11); None when no
     # request is traced, which costs one nil byte per frame (array_like keeps trailing fields).
     trace_events: list[TraceEvent] | None = None
-    # Which engine core sent these (data parallel: --data-parallel-size); 0 with one core.
-    engine_index: int = 0
 
 
 class ModelInfo(msgspec.Struct):

@@ -82,3 +82,17 @@ def test_an_n_sibling_follows_its_prefill_leader_whatever_the_load() -> None:
     r.loads[leader].in_flight += 50             # the leader's core is now far busier
     assert [r.route(f"p-{i}", [7], prefill_leader="p-0") for i in (1, 2)] == [leader, leader]
     assert r.route("q", [7], prefill_leader="gone") != leader    # unknown leader: by load
+
+
+def test_cores_split_the_cpus_unless_threads_are_given() -> None:
+    import os
+
+    from engine_v1.launcher import core_config
+    from shared.config import EngineConfig, ModelConfig
+
+    cpus = len(os.sched_getaffinity(0))
+    assert core_config(EngineConfig(), 2).model.num_threads == max(1, cpus // 2)
+    assert core_config(EngineConfig(), 4 * cpus).model.num_threads == 1      # never zero
+    assert core_config(EngineConfig(), 1).model.num_threads is None           # torch's default
+    given = EngineConfig(model=ModelConfig(num_threads=3))
+    assert core_config(given, 2).model.num_threads == 3
