@@ -7,7 +7,7 @@ from typing import Any
 
 from shared.api.errors import APIError
 from shared.api.protocol import ResponseInputItem, ResponsesRequest
-from shared.api.protocol_tools import JsonSchemaFormat, ResponseFormat
+from shared.api.protocol_tools import JsonSchemaFormat, ResponseFormat, ResponsesNamedToolChoice
 from shared.api.tools import ToolPlan, plan
 from shared.errors import ParamError
 
@@ -17,8 +17,10 @@ def plan_tools(req: ResponsesRequest) -> ToolPlan | None:
     fmt = req.text.format if req.text is not None else None
     constrained = fmt is not None and fmt.type != "text"
     tools = [t.as_chat() for t in req.tools] if req.tools else None
-    return plan(tools, req.tool_choice, req.parallel_tool_calls, constrained,
-                lambda i: f"tools[{i}].parameters")
+    choice = req.tool_choice
+    named = choice.name if isinstance(choice, ResponsesNamedToolChoice) else None
+    return plan(tools, choice if named is None else "named", named, req.parallel_tool_calls,
+                constrained, lambda i: f"tools[{i}].parameters")
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:

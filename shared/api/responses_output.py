@@ -7,11 +7,10 @@ text opens a message item only once it is more than whitespace. Each item is clo
 """
 from __future__ import annotations
 
-import secrets
 import uuid
 from typing import Any
 
-from shared.api.tools import ToolPlan
+from shared.api.tools import ToolPlan, new_call_id
 from shared.frontend.tool_parser import ArgsDelta, CallStart, Content, Event, HermesToolParser
 
 
@@ -53,7 +52,7 @@ class OutputItems:
     def _on(self, ev: Event) -> list[dict]:
         if isinstance(ev, CallStart):
             item = {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "in_progress",
-                    "call_id": f"call_{secrets.token_hex(12)}", "name": ev.name, "arguments": ""}
+                    "call_id": new_call_id(), "name": ev.name, "arguments": ""}
             events = self._close()
             self._open = item
             self.items.append(item)

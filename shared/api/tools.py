@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from shared.api.protocol import ChatCompletionRequest
-from shared.api.protocol_tools import Tool
+from shared.api.protocol_tools import NamedToolChoice, Tool
 from shared.errors import ParamError
 from shared.frontend.tool_parser import ArgsDelta, CallStart, Content, Event, HermesToolParser
 from shared.messages import StructuredOutputsParams
@@ -40,15 +40,17 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan | None:
     _check_messages(req)
     constrained = ((req.response_format is not None and req.response_format.type != "text")
                    or bool(req.structured_outputs))
-    return plan(req.tools, req.tool_choice, req.parallel_tool_calls, constrained,
-                lambda i: f"tools[{i}].function.parameters")
+    choice = req.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    return plan(req.tools, choice if named is None else "named", named, req.parallel_tool_calls,
+                constrained, lambda i: f"tools[{i}].function.parameters")
 
 
-def plan(tools: list[Tool] | None, choice: str | Any, parallel: bool | None, constrained: bool,
-         params_param: Callable[[int], str]) -> ToolPlan | None:
-    """The plan for chat and /v1/responses alike; ``choice`` is "none", "auto", "required" or
-    an object with the function's name (``.function.name`` on chat, ``.name`` on responses);
-    ``constrained``: the request also asks for response_format/structured_outputs."""
+def plan(tools: list[Tool] | None, choice: str | None, named: str | None, parallel: bool | None,
+         constrained: bool, params_param: Callable[[int], str]) -> ToolPlan | None:
+    """The plan for chat and /v1/responses alike: ``choice`` is None, "none", "auto",
+    "required" or "named" (the function ``named``); ``constrained``: the request also asks for
+    response_format/structured_outputs."""
     if not tools:
         if choice is not None:
             raise ParamError("tool_choice is only allowed when tools are given", param="tool_choice")
@@ -70,12 +72,11 @@ def plan(tools: list[Tool] | None, choice: str | Any, parallel: bool | None, con
     if choice == "required":
         grammar = call_grammar(tools, parallel is not False)
         return ToolPlan("required", as_dicts, StructuredOutputsParams(grammar=grammar))
-    wanted = choice.function.name if hasattr(choice, "function") else choice.name
-    named = [t for t in tools if t.function.name == wanted]
-    if not named:
-        raise ParamError(f"tool_choice names {wanted!r}, which is not among the tools",
+    chosen = [t for t in tools if t.function.name == named]
+    if not chosen:
+        raise ParamError(f"tool_choice names {named!r}, which is not among the tools",
                          param="tool_choice")
-    return ToolPlan("named", as_dicts, StructuredOutputsParams(grammar=call_grammar(named, False)))
+    return ToolPlan("named", as_dicts, StructuredOutputsParams(grammar=call_grammar(chosen, False)))
 
 
 def call_grammar(tools: list[Tool], parallel: bool) -> str:
@@ -106,6 +107,10 @@ def _check_messages(req: ChatCompletionRequest) -> None:
             raise ParamError("only assistant messages carry tool_calls", param=f"messages[{i}].tool_calls")
 
 
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
 @dataclass
 class ToolCallsState:
     """One choice's parser and the calls it has found (ids are made here)."""
@@ -124,7 +129,7 @@ class ToolCallsState:
             if isinstance(e, Content):
                 text += e.text
             elif isinstance(e, CallStart):
-                call = {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+                call = {"id": new_call_id(), "type": "function",
                         "function": {"name": e.name, "arguments": ""}}
                 self.calls.append(call)
                 deltas.append({"index": e.index, **json.loads(json.dumps(call))})
