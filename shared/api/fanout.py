@@ -37,6 +37,7 @@ class _Child:
     last_at: float | None = None
     num_generated: int = 0
     times: RequestTimes | None = None      # the core's queue/prefill intervals
+    engine: int | None = None              # the core serving it, from its first output
 
 
 class FanOut:
@@ -95,7 +96,6 @@ class FanOut:
         self.close()
 
     async def _pump(self, child: _Child) -> None:
-        self.metrics.prompt_tokens.inc(len(child.prompt_ids))
         gen: object = None
         try:
             gen = self.engine.generate(child.request_id, child.prompt_ids, child.params,
@@ -121,11 +121,14 @@ class FanOut:
     def _observe(self, child: _Child, out: RequestOutput) -> None:
         now = time.perf_counter()
         n_new = sum(len(c.token_ids) for c in out.outputs)
+        if child.engine is None:    # counted once scheduled, as vLLM does, under its core
+            child.engine = out.engine_index
+            self.metrics.prompt_tokens[child.engine].inc(len(child.prompt_ids))
         if out.times is not None:
             child.times = out.times
         if n_new:
             since_last = None if child.last_at is None else now - child.last_at
-            self.metrics.on_tokens(n_new, since_last, now - self.arrival)
+            self.metrics.on_tokens(n_new, since_last, now - self.arrival, child.engine)
             child.first_at = now if child.first_at is None else child.first_at
             child.last_at = now
             child.num_generated += n_new
@@ -137,11 +140,12 @@ class FanOut:
         reason = out.outputs[0].finish_reason if out.outputs else None
         decode = None if child.first_at is None or child.last_at is None else child.last_at - child.first_at
         self.metrics.on_finished(FinishedRequest(reason, now - self.arrival, len(child.prompt_ids),
-                                                 child.num_generated, decode, child.times))
+                                                 child.num_generated, decode, child.times,
+                                                 child.engine or 0))
         start = child.index - child.index % self.n      # the n choices of this child's prompt
         group = self.children[start:start + self.n]
         if all(c.finished for c in group):
-            self.metrics.on_prompt_finished(max(c.num_generated for c in group))
+            self.metrics.on_prompt_finished(max(c.num_generated for c in group), child.engine or 0)
 
 
 def _leader(base_id: str, job: Job, first: int, i: int) -> str | None:

@@ -156,6 +156,7 @@ class EngineFrontend:
         if processed.reqs_to_abort:
             self._abort_in_core(processed.reqs_to_abort)
         for out in processed.request_outputs:
+            out.engine_index = outputs.engine_index
             if self._traced and out.request_id in self._traced:
                 self._trace_output(out)
             queue = self._queues.get(out.request_id)

@@ -31,3 +31,4 @@ class RequestOutput:
     # first output of the request.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     times: RequestTimes | None = None   # the core's queue/prefill intervals, on the first output
+    engine_index: int = 0               # the engine core that produced it (data parallel)

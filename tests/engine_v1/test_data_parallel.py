@@ -64,6 +64,17 @@ def test_requests_spread_over_both_cores_and_match_one_core(dp2: Server, tmp_pat
     queries = {s.labels["engine"]: s.value for f in text_string_to_metric_families(metrics)
                for s in f.samples if s.name == "twinserve:prefix_cache_queries_total"}
     assert queries == {"0": cores[0]["prefix_cache_queries"], "1": cores[1]["prefix_cache_queries"]}
+    # Request series sit under the core that served each request: both cores, adding up to
+    # the 8 x 12 tokens generated (this module's other test may have added a few more).
+    generated, finished = {}, {}
+    for f in text_string_to_metric_families(metrics):
+        for s in f.samples:
+            if s.name == "twinserve:generation_tokens_total":
+                generated[s.labels["engine"]] = s.value
+            elif s.name == "twinserve:e2e_request_latency_seconds_count":
+                finished[s.labels["engine"]] = s.value
+    assert set(generated) == set(finished) == {"0", "1"} and min(generated.values()) > 0
+    assert sum(generated.values()) >= 8 * 12 and sum(finished.values()) >= 8
 
 
 def test_trace_names_the_core_that_served(dp2: Server) -> None:
