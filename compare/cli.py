@@ -6,6 +6,7 @@
     twinserve compare --url http://127.0.0.1:8000 --out /tmp/other   # any OpenAI server
     twinserve compare --workload W1 --out /tmp/w1        # PERF.md's W1 on v0 and v1
     twinserve compare --workload W1 --url http://127.0.0.1:8080 --out /tmp/w1-peer
+    twinserve compare --workload long --out /tmp/long     # long prompts among 16 streams
 """
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="results folder")
     p.add_argument("--quick", action="store_true", help="smoke preset (tiny model, 1 repeat, ~32 requests)")
-    p.add_argument("--workload", choices=tuple(WORKLOADS),
+    p.add_argument("--workload", choices=(*WORKLOADS, "long"),
                    help="a named workload of PERF.md (W1: 64 requests at c=16, 128/128 tokens; W2: 8 "
-                        "at c=1, 128/128; W3: 128 at c=64, 64/64), streaming chat, default model")
+                        "at c=1, 128/128; W3: 128 at c=64, 64/64; long: 16 streams of 128/256 with "
+                        "a 1,024-token prompt every 5 s, see compare/bench_long.py), streaming "
+                        "chat, default model")
     p.add_argument("--models", choices=("tiny", "default", "both"), help="model setting (default: both)")
     p.add_argument("--model-path", help="folder or GGUF for the 'default' setting (default: SmolLM2-135M)")
     p.add_argument("--concurrency", type=int, nargs="+", dest="concurrencies", help="sweep (default: 1 4 16 64)")
@@ -103,9 +106,27 @@ def run(cfg: CompareConfig) -> dict[str, object]:
     return results
 
 
+def run_long(ns: argparse.Namespace) -> None:
+    """``--workload long``: its own two-phase run (compare/bench_long.py), same server flags."""
+    from compare import bench_long
+    from compare.server_proc import ServerSettings
+    from shared.worker.model_fetch import resolve_model
+
+    given = {k: getattr(ns, k) for k in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_size_gb",
+                                         "num_threads", "dtype", "quantization")
+             if getattr(ns, k) is not None}
+    settings = ServerSettings(str(resolve_model(ns.model_path)), **given)
+    bench_long.run(ns.out, list(ns.engines or ("v0", "v1")), ns.url, ns.api_key, settings)
+    print((ns.out / "long.md").read_text(encoding="utf-8"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
+        if ns.workload == "long":
+            run_long(ns)
+            print(f"wrote {ns.out / 'long.json'}, {ns.out / 'long.md'}", file=sys.stderr)
+            return 0
         cfg = config_from_args(ns)
         run(cfg)
     except (ValueError, RuntimeError, TimeoutError) as e:

@@ -62,6 +62,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    # Most tokens of one prompt computed per step (0: up to the whole budget): a long prompt
+    # then fills in several steps while running requests keep decoding at a steady pace.
+    long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"   # fcfs | priority (lower request priority runs first)
     debug_fail_request_seed: int | None = None  # testing only: requests with this seed fail
 
@@ -70,6 +73,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be fcfs or priority, not {self.scheduling_policy!r}")
 

@@ -20,6 +20,8 @@ HELP = {
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
     "max_num_seqs": "most sequences per engine step",
     "max_num_batched_tokens": "token budget of one engine step",
+    "long_prefill_token_threshold": "most tokens of one prompt computed per step (0: the whole "
+                                    "budget); smaller keeps decodes steady while long prompts fill",
     "scheduling_policy": "fcfs | priority: priority admits waiting requests by (priority, arrival) "
                          "and preempts the lowest-priority, newest running one first; fcfs "
                          "refuses a request priority other than 0",

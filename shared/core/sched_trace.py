@@ -10,6 +10,12 @@ from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
 
 
+def trace_queued(tracer: Tracer, req: Request, num_waiting: int, where: Callable) -> None:
+    tracer.begin(req.request_id, req.trace_decode)
+    tracer.event(req.request_id, Step.QUEUED, "queued",
+                 {"prompt_tokens": req.num_prompt_tokens, "waiting": num_waiting}, where=where)
+
+
 def trace_scheduled(tracer: Tracer, out: SchedulerOutput, s: ScheduledRequest, num_hit: int,
                     num_running: int, kv: KVCacheManager, where: Callable) -> None:
     """Picked for this batch, blocks in hand; ``num_hit``: prompt tokens it did not compute

@@ -22,11 +22,10 @@ from shared.core.kv_cache import KVCacheManager
 from shared.core.prefill_fork import prefill_leader
 from shared.core.queue_policy import QueuePolicy
 from shared.core.request import Request, RequestStatus
-from shared.core.sched_trace import trace_finished, trace_sampled, trace_scheduled
+from shared.core.sched_trace import trace_finished, trace_queued, trace_sampled, trace_scheduled
 from shared.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from shared.core.stop import check_stop
 from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
-from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
 
 logger = logging.getLogger(__name__)
@@ -40,6 +39,9 @@ class Scheduler:
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be resolved before building a Scheduler")
         self.config = scheduler_config
+        # Most tokens of one prompt per step (vLLM's long_prefill_token_threshold; 0: the budget).
+        cfg = scheduler_config
+        self._chunk_cap = cfg.long_prefill_token_threshold or cfg.max_num_batched_tokens
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching)
@@ -67,10 +69,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.policy.enqueue(self.waiting, request)
         if request.trace:
-            self.tracer.begin(request.request_id, request.trace_decode)
-            self.tracer.event(request.request_id, Step.QUEUED, "queued",
-                              {"prompt_tokens": request.num_prompt_tokens, "waiting": len(self.waiting)},
-                              where=self.add_request)
+            trace_queued(self.tracer, request, len(self.waiting), self.add_request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
         """Finish these requests now and free their blocks; unknown ids are ignored."""
@@ -105,7 +104,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget, self._chunk_cap)
             if num_new <= 0:     # the runner did not sample it last step: nothing to compute
                 i += 1
                 continue
@@ -178,7 +177,7 @@ class Scheduler:
         req = self.waiting[index]
         kv = self.kv_cache_manager
         hits, num_hit = kv.get_computed_blocks(req)
-        num_new = min(req.num_tokens - num_hit, budget)
+        num_new = min(req.num_tokens - num_hit, budget, self._chunk_cap)
         if not kv.allocate_slots(req, num_new, hits):
             return 0
         self._start(index, out, num_hit, num_new, num_hit)

@@ -74,6 +74,26 @@ def test_long_prompt_is_chunked_while_others_decode() -> None:
     assert len(log.outputs["long"]) == 1 and len(log.outputs["a"]) == 6
 
 
+def test_long_prefill_threshold_caps_each_prompts_chunk() -> None:
+    """Two prompts arrive together under a roomy budget: each computes at most 4 tokens a step
+    (both in one step), while the decoding request goes on one token a step."""
+    sched = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=4)
+    model, log = FakeModel(4), RunLog()
+    sched.add_request(make_request("d", 3, max_tokens=50))
+    run_step(sched, model, log)
+    for rid in ("p", "q"):
+        sched.add_request(make_request(rid, 10, max_tokens=2))
+    chunks: dict[str, list[int]] = {"d": [], "p": [], "q": []}
+    for _ in range(3):
+        run_step(sched, model, log)
+        for s in log.steps[-1].scheduled:
+            chunks[s.request.request_id].append(s.num_new_tokens)
+    assert chunks == {"d": [1, 1, 1], "p": [4, 4, 2], "q": [4, 4, 2]}
+    assert len(log.outputs["p"]) == len(log.outputs["q"]) == 1      # sampled after the last chunk
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        make_scheduler(long_prefill_token_threshold=-1)
+
+
 def workload(system: list[int]) -> list[Request]:
     rng = random.Random(7)
     reqs = []
