@@ -56,8 +56,10 @@ def test_a_named_tool_is_the_one_called(oai: openai.OpenAI, served_model: str) -
 
 
 def test_the_stream_concatenates_to_the_non_streamed_calls(client, served_model: str) -> None:
+    # One call, greedy: the grammar then closes the reply, so the two runs cannot part on
+    # a near-tie between a second call and the end (bf16 with and without a prefix hit).
     body = {"model": served_model, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
-            "max_tokens": 120, "temperature": 1.0, "seed": 9}
+            "parallel_tool_calls": False, "max_tokens": 120, "temperature": 0.0}
     full = client.post(CHAT, json=body).json()["choices"][0]
     calls: dict[int, dict] = {}
     content, reasons = "", []
