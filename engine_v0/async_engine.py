@@ -60,7 +60,7 @@ class AsyncEngine(EngineFrontend):
                 await self._step()
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # noqa: BLE001 - any failure kills the engine
+        except BaseException as e:
             log.exception("engine loop died")
             self.fail_all(e)
 
@@ -85,3 +85,4 @@ class AsyncEngine(EngineFrontend):
         await cancel_and_wait(self._task)
         self._task = None
         self.fail_all(RuntimeError("server shutting down"))
+        self.core.close()

@@ -59,5 +59,7 @@ class CoreProcessClient:
     def shutdown(self) -> None:
         self.launcher.stop()
 
+    close = shutdown    # LLM's CoreDriver name
+
     def _send(self, tag: bytes, payload: object) -> None:
         self.launcher.send(self.codec.encode(tag, payload))

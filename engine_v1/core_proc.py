@@ -143,6 +143,8 @@ class EngineCoreProc:
         self.output_queue.put(wire.CoreFailure(message))
 
     def close(self) -> None:
+        if getattr(self, "core", None) is not None:
+            self.core.close()
         self.output_queue.put(_STOP)
         self.output_thread.join(timeout=5)
         self.ctx.destroy(linger=1000)

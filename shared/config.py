@@ -98,10 +98,17 @@ class ParallelConfig:
     data_parallel_prefix_affinity: bool = True
     # Worker processes that split each layer's heads and MLP (torch.distributed).
     tensor_parallel_size: int = 1
+    # Ranks started on this node, rank 0 included (0: all of them); the rest join from other
+    # nodes through MASTER_ADDR/MASTER_PORT (docs/TENSOR_PARALLEL.md).
+    tensor_parallel_local_size: int = 0
+    debug_fail_tp_rank: int = 0     # testing only: this worker rank raises during start-up
 
     def __post_init__(self) -> None:
         if self.data_parallel_size < 1 or self.tensor_parallel_size < 1:
             raise ValueError("data_parallel_size and tensor_parallel_size must be >= 1")
+        if not 0 <= self.tensor_parallel_local_size <= self.tensor_parallel_size:
+            raise ValueError("tensor_parallel_local_size must be between 0 and "
+                             "tensor_parallel_size")
 
 
 @dataclass

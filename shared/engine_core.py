@@ -80,6 +80,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def close(self) -> None:
+        """Release what outlives the process's memory: tensor-parallel worker processes."""
+        self.model_runner.close()
+
     # -- one step ---------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model and sample once; returns this step's new tokens."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from shared.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from shared.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from shared.engine_core import EngineCore
 from shared.frontend.output_processor import OutputProcessor
 from shared.frontend.outputs import CompletionOutput, RequestOutput
@@ -25,6 +25,7 @@ class CoreDriver(Protocol):
     def abort_requests(self, request_ids: list[str]) -> None: ...
     def step(self) -> EngineCoreOutputs: ...
     def has_unfinished_requests(self) -> bool: ...
+    def close(self) -> None: ...
 
 
 class LLM:
@@ -33,6 +34,7 @@ class LLM:
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, num_threads: int | None = None, scheduling_policy: str = "fcfs",
+                 tensor_parallel_size: int = 1,
                  core_factory: Callable[[EngineConfig, Path], CoreDriver] | None = None) -> None:
         """``core_factory`` builds the core from the config and model folder; the default is
         an in-process EngineCore, ``engine_v1.CoreProcessClient`` runs it in its own process."""
@@ -46,10 +48,15 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       scheduling_policy=scheduling_policy),
+            parallel=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
         )
         self.tokenizer = Tokenizer(path)
         self.core: CoreDriver = (core_factory or EngineCore)(self.config, path)
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop what runs beside this process: a core process, tensor-parallel workers."""
+        self.core.close()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

@@ -65,7 +65,12 @@ HELP = {
     "data_parallel_prefix_affinity": "v1, data parallel: route a prompt that shares its first "
                                      "blocks with a recent one to that request's core",
     "tensor_parallel_size": "worker processes that split each layer's attention heads and MLP "
-                            "(torch.distributed: gloo on CPU, NCCL on CUDA)",
+                            "(torch.distributed: gloo on CPU, NCCL on CUDA); rendezvous on "
+                            "MASTER_ADDR:MASTER_PORT (default 127.0.0.1, a free port)",
+    "tensor_parallel_local_size": "tensor parallel across nodes: ranks this node starts, rank 0 "
+                                  "included (0: all); the others run python -m "
+                                  "shared.worker.distributed.worker on their nodes",
+    "debug_fail_tp_rank": "testing only: this tensor-parallel worker rank fails at start-up",
     "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",
     "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "
                      "decode step (CPU)",

@@ -31,9 +31,10 @@ def _engine_config(ns: argparse.Namespace) -> EngineConfig:
 
 def cmd_serve(ns: argparse.Namespace) -> int:
     engine_config = _engine_config(ns)
-    if engine_config.parallel.tensor_parallel_size > 1:
-        raise SystemExit("--tensor-parallel-size > 1 is not built yet")
     server_config = build_dataclass(ServerConfig, ns)
+    par = engine_config.parallel
+    if par.data_parallel_size > 1 and par.tensor_parallel_size > 1:
+        raise SystemExit("--data-parallel-size and --tensor-parallel-size cannot both be > 1 yet")
     if engine_config.parallel.data_parallel_size > 1 and server_config.engine != "v1":
         raise SystemExit("--data-parallel-size > 1 needs --engine v1 (v0 runs one engine core "
                          "inside the API process)")

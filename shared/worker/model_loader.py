@@ -9,12 +9,18 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
+from shared.config import EngineConfig
+from shared.worker.distributed.sharding import shard_arch, shard_tensor
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from shared.worker.distributed.group import TensorParallelGroup
 
 _FUSED = {  # our parameter suffix -> HF suffixes concatenated along dim 0
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -24,15 +30,21 @@ _FUSED = {  # our parameter suffix -> HF suffixes concatenated along dim 0
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
 
-def load_model(folder: str | Path, dtype: torch.dtype = torch.float32,
-               device: str = "cpu") -> LlamaForCausalLM:
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               tp: TensorParallelGroup | None = None) -> LlamaForCausalLM:
+    """The model, or with ``tp`` this rank's shard of it (each tensor cut before fusion)."""
     folder = Path(folder)
     arch = ArchConfig.from_folder(folder)
+    if tp is not None:
+        arch = shard_arch(arch, tp.size)
     # Build on the meta device (no random init, no allocation), then give every parameter its
     # checkpoint tensor, converted once: no allocate-then-copy of 0.5 GB.
     with torch.device("meta"):
-        model = LlamaForCausalLM(arch)
-    _fill_parameters(model, _read_safetensors(folder), arch, dtype, torch.device(device))
+        model = LlamaForCausalLM(arch, tp)
+    tensors = _read_safetensors(folder)
+    if tp is not None:
+        tensors = {n: shard_tensor(n, t, tp.rank, tp.size) for n, t in tensors.items()}
+    _fill_parameters(model, tensors, arch, dtype, torch.device(device))
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval().requires_grad_(False)
@@ -115,3 +127,13 @@ def allocate_kv_caches(arch: ArchConfig, num_blocks: int, block_size: int, dtype
     return [(torch.zeros(shape, dtype=dtype, device=device),
              torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(arch.num_hidden_layers)]
+
+
+def activation_reserve_bytes(config: EngineConfig, hidden: int, inter: int, vocab: int,
+                             qkv: int, dtype: torch.dtype) -> int:
+    """GPU memory kept out of the KV cache for one step's activations, logits, sampler and CUDA
+    graphs: a generous estimate (x2) plus 512 MiB for cuBLAS workspaces and fragmentation."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_token = (4 * hidden + qkv + 3 * inter) * elem
+    logits = config.scheduler.max_num_seqs * vocab * 4 * 3
+    return 2 * (config.scheduler.max_num_batched_tokens * per_token + logits) + (512 << 20)

@@ -23,14 +23,23 @@ from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.attention.native_backend import NativeAttention
 from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.cuda_graphs import DecodeGraphs
+from shared.worker.distributed.group import TensorParallelGroup
+from shared.worker.distributed.launch import start_tensor_parallel, wait_loaded
 from shared.worker.model_fetch import cache_dir
-from shared.worker.model_loader import allocate_kv_caches, checkpoint_files, kv_bytes_per_block, load_model
+from shared.worker.model_loader import (
+    activation_reserve_bytes,
+    allocate_kv_caches,
+    checkpoint_files,
+    kv_bytes_per_block,
+    load_model,
+)
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.native.build import load_native
 from shared.worker.native.decode import FusedDecode, unsupported_reason
-from shared.worker.prompt_logprobs import PromptRows, prompt_rows, score_prompts
+from shared.worker.prompt_logprobs import PromptRows, score_prompts
 from shared.worker.quant.policy import apply_quantization, resolve_dtype
 from shared.worker.sampler import Sampler
+from shared.worker.step_inputs import StepArrays, encode_step, flatten_step
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +52,7 @@ class ModelInput:
     logits_indices: torch.Tensor    # [num_sampling] rows of hidden states to turn into logits
     sampling_requests: list[Request]
     prompt_rows: list[PromptRows] = field(default_factory=list)    # prompt_logprobs asked
+    arrays: StepArrays | None = None    # what tensor-parallel rank 0 broadcasts
     # Filled by ``forward`` from the hidden states it alone sees; read by ``sample``.
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
@@ -67,20 +77,23 @@ def resolve_attention_backend(name: str, device: torch.device, has_native: bool 
     return name
 
 
-def activation_reserve_bytes(config: EngineConfig, hidden: int, inter: int, vocab: int,
-                             qkv: int, dtype: torch.dtype) -> int:
-    """GPU memory kept out of the KV cache for one step's activations, logits, sampler and CUDA
-    graphs: a generous estimate (x2) plus 512 MiB for cuBLAS workspaces and fragmentation."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    per_token = (4 * hidden + qkv + 3 * inter) * elem
-    logits = config.scheduler.max_num_seqs * vocab * 4 * 3
-    return 2 * (config.scheduler.max_num_batched_tokens * per_token + logits) + (512 << 20)
-
-
 class ModelRunner:
     """Owns the model, the paged KV cache tensors and the sampler."""
 
-    def __init__(self, config: EngineConfig, model_path: Path) -> None:
+    def __init__(self, config: EngineConfig, model_path: Path,
+                 tp_worker: TensorParallelGroup | None = None) -> None:
+        """``tp_worker``: this process is that tensor-parallel rank (> 0), started by rank 0;
+        without it and with ``tensor_parallel_size`` > 1, this is rank 0 and starts the others."""
+        self.tp, self.launcher = tp_worker, None
+        try:
+            self._setup(config, model_path)
+        except BaseException:
+            if self.launcher is not None:   # rank 0: take the workers down with it
+                self.launcher.stop(timeout_s=0)
+                self.tp.close()
+            raise
+
+    def _setup(self, config: EngineConfig, model_path: Path) -> None:
         mc = config.model
         if mc.num_threads:
             torch.set_num_threads(mc.num_threads)
@@ -92,10 +105,15 @@ class ModelRunner:
         self.dtype = resolve_dtype(mc.dtype, self.device, ArchConfig.from_folder(model_path), tuning,
                                    native=self.native is not None)
         is_cuda = self.device.type == "cuda"
+        sharded = config.parallel.tensor_parallel_size > 1
+        if sharded and self.tp is None:
+            self.launcher, self.tp = start_tensor_parallel(config, model_path, self.dtype, self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0] if is_cuda else 0
-        self.model = load_model(model_path, dtype=self.dtype, device=mc.device)
+        self.model = load_model(model_path, dtype=self.dtype, device=mc.device, tp=self.tp)
+        if self.tp is not None:
+            wait_loaded(self.tp, self.launcher)
         self.arch = self.model.arch
-        self.quantization = apply_quantization(
+        self.quantization = None if sharded else apply_quantization(
             self.model, mc.quantization, self.dtype, self.device, tuning, self.native,
             weights_cache=(cache_dir() / "quantized", checkpoint_files(model_path)))
         self.attention_backend = resolve_attention_backend(mc.attention_backend, self.device,
@@ -109,15 +127,17 @@ class ModelRunner:
             self.num_blocks = self._blocks_from_gpu_memory(config, free_before)
         else:
             self.num_blocks = self._blocks_from_size(config.cache.kv_cache_size_gb)
+        if self.tp is not None:     # every rank's cache holds the same block ids
+            self.num_blocks = self.tp.min_int(self.num_blocks)
         # Graphs need a triton plan (capture-safe) and a static RoPE; dynamic NTK reads lengths.
         use_graphs = (is_cuda and not mc.enforce_eager and self.attention_backend == "triton"
-                      and not self.model.rotary.is_dynamic)
+                      and not self.model.rotary.is_dynamic and not sharded)
         # With graphs, one block past the scheduler's num_blocks is the padding rows' scratch block.
         self.kv_caches = allocate_kv_caches(self.arch, self.num_blocks + int(use_graphs),
                                             self.block_size, self.dtype, mc.device)
         self._set_attention_backend(explicit=mc.attention_backend != "auto")
         self.graphs = self._capture_graphs(config) if use_graphs else None
-        self.fused = self._fused_decode(mc.enforce_eager)
+        self.fused = None if sharded else self._fused_decode(mc.enforce_eager)
         self.attention_fn: Callable[..., object] = self.model.attn_backend.forward
         self.sampler = Sampler()
         quant = "float weights" if self.quantization is None else self.quantization.describe()
@@ -184,48 +204,31 @@ class ModelRunner:
         """Flatten the scheduled chunks into one batch plus attention metadata."""
         # Preempted requests keep their seeded generators: a recompute must not replay draws.
         self.sampler.forget(sched.finished_ids)
-        if sched.block_copies:
-            self.copy_blocks(sched.block_copies)
-        bs = self.block_size
-        tokens: list[int] = []
-        positions, slots, logits_idx = [], [], []
-        query_lens, seq_lens, sampling = [], [], []
-        scored: list[PromptRows] = []
-        max_blocks = max(len(s.block_ids) for s in sched.scheduled)
-        tables = np.zeros((len(sched.scheduled), max_blocks), dtype=np.int32)
-        for i, s in enumerate(sched.scheduled):
-            end = s.start + s.num_new_tokens
-            if (rows := prompt_rows(s, len(tokens))) is not None:
-                scored.append(rows)
-            tokens.extend(s.request.all_token_ids[s.start:end])
-            pos = np.arange(s.start, end, dtype=np.int64)
-            table = np.asarray(s.block_ids, dtype=np.int64)
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables[i, : len(s.block_ids)] = s.block_ids
-            query_lens.append(s.num_new_tokens)
-            seq_lens.append(end)
-            if s.samples:
-                logits_idx.append(len(tokens) - 1)
-                sampling.append(s.request)
-        qsl = np.zeros(len(query_lens) + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=qsl[1:])
+        arrays, sampling = flatten_step(sched, self.block_size)
+        return self.model_input(arrays, sampling)
+
+    def model_input(self, a: StepArrays, sampling: list[Request]) -> ModelInput:
+        """Device tensors for one step (and the step's block copies done): every rank runs this
+        on the same arrays."""
+        if a.block_copies:
+            self.copy_blocks(a.block_copies)
         meta = AttentionMetadata(
-            slot_mapping=self._to_device(np.concatenate(slots)),
-            query_start_loc=self._to_device(qsl),
-            seq_lens=self._to_device(np.asarray(seq_lens, dtype=np.int32)),
-            block_tables=self._to_device(tables),
-            block_size=bs,
-            query_lens_list=query_lens,
-            seq_lens_list=seq_lens,
+            slot_mapping=self._to_device(a.slot_mapping),
+            query_start_loc=self._to_device(a.query_start_loc),
+            seq_lens=self._to_device(a.seq_lens),
+            block_tables=self._to_device(a.block_tables),
+            block_size=self.block_size,
+            query_lens_list=a.query_lens,
+            seq_lens_list=a.seq_lens.tolist(),
         )
         return ModelInput(
-            input_ids=self._to_device(np.asarray(tokens, dtype=np.int64)),
-            positions=self._to_device(np.concatenate(positions)),
+            input_ids=self._to_device(a.input_ids),
+            positions=self._to_device(a.positions),
             attn_metadata=meta,
-            logits_indices=self._to_device(np.asarray(logits_idx, dtype=np.int64)),
+            logits_indices=self._to_device(a.logits_indices),
             sampling_requests=sampling,
-            prompt_rows=scored,
+            prompt_rows=a.prompt_rows,
+            arrays=a,
         )
 
     @torch.inference_mode()
@@ -247,6 +250,13 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inp: ModelInput) -> torch.Tensor:
         """The model's forward pass; returns float32 logits of the sampling rows only."""
+        if self.launcher is not None:   # rank 0: the other ranks run this step with it
+            self.tp.broadcast_bytes(encode_step(inp.arrays))
+        return self.forward_local(inp)
+
+    @torch.inference_mode()
+    def forward_local(self, inp: ModelInput) -> torch.Tensor:
+        """This rank's part of the forward pass (all of it without tensor parallelism)."""
         self.attention_fn = self.model.attn_backend.forward     # what the trace names
         if self.graphs is not None and self.graphs.can_run(inp.attn_metadata):
             hidden = self.graphs.run(inp.input_ids, inp.positions, inp.attn_metadata)
@@ -257,7 +267,7 @@ class ModelRunner:
             hidden = self.model(inp.input_ids, inp.positions, inp.attn_metadata, self.kv_caches)
         if inp.prompt_rows:
             inp.prompt_logprobs = score_prompts(hidden, inp.prompt_rows, self.model.compute_logits)
-        if not inp.sampling_requests:
+        if inp.logits_indices.numel() == 0:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[inp.logits_indices])
 
@@ -274,3 +284,15 @@ class ModelRunner:
             if lp is not None:
                 out.logprobs[req.request_id] = lp
         return out
+
+    def close(self) -> None:
+        """Rank 0: tell the other tensor-parallel ranks to leave, and wait for them."""
+        launcher, self.launcher = self.launcher, None
+        if launcher is None:
+            return
+        try:
+            self.tp.broadcast_bytes(None)
+        except RuntimeError as e:      # a rank already gone: nothing to tell it
+            logger.warning("tensor-parallel stop broadcast failed: %s", e)
+        launcher.stop()
+        self.tp.close()

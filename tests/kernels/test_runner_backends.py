@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from shared.config import CacheConfig, EngineConfig, ModelConfig
-from shared.worker.model_runner import activation_reserve_bytes, resolve_attention_backend
+from shared.worker.model_loader import activation_reserve_bytes
+from shared.worker.model_runner import resolve_attention_backend
 
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 48,
         "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 6,

@@ -5,13 +5,16 @@ Each one reproduces transformers' arithmetic order and dtypes, so float32 logits
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from shared.worker.models.arch_config import ArchConfig
+
+if TYPE_CHECKING:
+    from shared.worker.distributed.group import TensorParallelGroup
 
 
 class Linear(nn.Module):
@@ -34,6 +37,27 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
+
+
+def vocab_shard_rows(vocab_size: int, size: int) -> int:
+    """Rows of each tensor-parallel rank's vocabulary block (the last one padded)."""
+    return -(-vocab_size // size)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """One tensor-parallel rank's block of embedding rows: ids outside it look up zeros, and
+    the all-reduce puts each token's one real row back together."""
+
+    def __init__(self, rows: int, dim: int, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, dim))
+        self.first, self.rows, self.tp = tp.rank * rows, rows, tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.first
+        outside = (local < 0) | (local >= self.rows)
+        h = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(h.masked_fill(outside[:, None], 0))
 
 
 class RMSNorm(nn.Module):

@@ -5,7 +5,7 @@ RMSNorm before RoPE (Qwen3), tied embeddings, RoPE scaling. Inference only.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -14,7 +14,19 @@ from shared.worker.attention.base import AttentionBackend
 from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.attention.torch_backend import TorchAttention
 from shared.worker.models.arch_config import ArchConfig
-from shared.worker.models.layers import Embedding, GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope
+from shared.worker.models.layers import (
+    Embedding,
+    GatedMLP,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabParallelEmbedding,
+    apply_rope,
+    vocab_shard_rows,
+)
+
+if TYPE_CHECKING:
+    from shared.worker.distributed.group import TensorParallelGroup
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -49,8 +61,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend) -> None:
+    def __init__(self, arch: ArchConfig, backend: AttentionBackend,
+                 tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
+        self.tp = tp    # o_proj and down_proj are row-parallel: their partial sums meet here
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.self_attn = LlamaAttention(arch, backend)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -58,22 +72,30 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 plan: Any, kv_cache: KVCache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, plan, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self._reduce(self.self_attn(self.input_layernorm(h), cos, sin, plan, kv_cache))
+        return h + self._reduce(self.mlp(self.post_attention_layernorm(h)))
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.tp is None else self.tp.all_reduce(x)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, arch: ArchConfig) -> None:
+    """With ``tp``, ``arch`` is one rank's shard (heads and MLP width divided, vocabulary whole)
+    and the embedding and lm_head hold this rank's block of vocabulary rows."""
+
+    def __init__(self, arch: ArchConfig, tp: TensorParallelGroup | None = None) -> None:
         super().__init__()
-        self.arch = arch
+        self.arch, self.tp = arch, tp
         self.attn_backend = TorchAttention(
             arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim, arch.head_dim ** -0.5)
         self.rotary = RotaryEmbedding(arch)
-        self.embed_tokens = Embedding(arch.vocab_size, arch.hidden_size)
+        vocab_rows = arch.vocab_size if tp is None else vocab_shard_rows(arch.vocab_size, tp.size)
+        self.embed_tokens = (Embedding(vocab_rows, arch.hidden_size) if tp is None
+                             else VocabParallelEmbedding(vocab_rows, arch.hidden_size, tp))
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, self.attn_backend) for _ in range(arch.num_hidden_layers))
+            LlamaDecoderLayer(arch, self.attn_backend, tp) for _ in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.lm_head = Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = Linear(arch.hidden_size, vocab_rows, bias=False)
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -94,8 +116,11 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.backend = backend
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, hidden] -> float32 logits [M, vocab]."""
-        return self.lm_head(hidden).float()
+        """hidden [M, hidden] -> float32 logits [M, vocab] (every rank gets all of them)."""
+        logits = self.lm_head(hidden).float()
+        if self.tp is None:
+            return logits
+        return self.tp.all_gather_last(logits)[:, :self.arch.vocab_size]
 
     def token_seq_lens(self, meta: AttentionMetadata) -> torch.Tensor | None:
         """Each token's sequence length after this step: only dynamic NTK RoPE reads it, so

@@ -1,0 +1,1 @@
+"""Tensor parallelism over torch.distributed: the group, weight sharding, step broadcast, launch."""
