@@ -52,7 +52,7 @@ def build_results(records: list[RunRecord], config: dict[str, Any], machine: dic
             if "v0" in eng and "v1" in eng:
                 entry["ratio_v1_over_v0"] = {
                     part: ratio_figures(eng["v0"][part], eng["v1"][part]) for part in ("client", "server")}
-            for dp in (e for e in eng if e.startswith("v1-dp") and "v1" in eng):
+            for dp in (e for e in eng if e.startswith(("v1-dp", "v1-tp")) and "v1" in eng):
                 entry[f"ratio_{dp}_over_v1"] = {
                     part: ratio_figures(eng["v1"][part], eng[dp][part]) for part in ("client", "server")}
     return {"schema": SCHEMA, "machine": machine, "config": config, "models": models}

@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", nargs="+", choices=("v0", "v1"), help="servers to run (default: v0 v1)")
     p.add_argument("--data-parallel-size", type=int,
                    help="also run v1 with this --data-parallel-size (as engine 'v1-dpN'), beside DP=1")
+    p.add_argument("--tensor-parallel-size", type=int,
+                   help="also run v1 with this --tensor-parallel-size (as engine 'v1-tpN'), beside TP=1")
     p.add_argument("--url", help="drive this running OpenAI-compatible server instead of starting engines")
     p.add_argument("--tokenizer", help="folder with tokenizer.json for --url prompts (default: SmolLM2's)")
     p.add_argument("--api-key")

@@ -55,6 +55,8 @@ class CompareConfig:
     engines: tuple[str, ...] = ("v0", "v1")
     # > 1: one more server, "v1-dpN" (v1 with --data-parallel-size N), measured beside DP=1.
     data_parallel_size: int = 1
+    # > 1: one more server, "v1-tpN" (v1 with --tensor-parallel-size N), beside TP=1.
+    tensor_parallel_size: int = 1
     # --url: drive an already running server instead.
     url: str | None = None
     tokenizer: str | None = None            # folder with tokenizer.json (--url); None: default model
@@ -76,11 +78,12 @@ class CompareConfig:
         if self.repeats < 1 or not self.concurrencies and self.request_rate is None:
             raise ValueError("need at least one repeat and one workload")
         for e in self.engines:
-            if e not in ("v0", "v1", "url") and not e.startswith("v1-dp"):
-                raise ValueError(f"engine must be v0, v1 or v1-dpN, not {e!r}")
-        dp = f"v1-dp{self.data_parallel_size}"
-        if self.data_parallel_size > 1 and self.url is None and dp not in self.engines:
-            self.engines = (*self.engines, dp)
+            if e not in ("v0", "v1", "url") and not e.startswith(("v1-dp", "v1-tp")):
+                raise ValueError(f"engine must be v0, v1, v1-dpN or v1-tpN, not {e!r}")
+        for kind, size in (("dp", self.data_parallel_size), ("tp", self.tensor_parallel_size)):
+            label = f"v1-{kind}{size}"
+            if size > 1 and self.url is None and label not in self.engines:
+                self.engines = (*self.engines, label)
 
     def workloads(self) -> list[Workload]:
         """The concurrency sweep, then the open-loop workload; each has its own seed so a

@@ -41,6 +41,7 @@ def _machine_section(machine: dict[str, Any]) -> list[str]:
 def _settings_section(cfg: dict[str, Any]) -> list[str]:
     keys = ("engines", "models", "repeats", "warmup_requests", "endpoint", "input_len", "output_len",
             "max_num_seqs", "max_num_batched_tokens", "kv_cache_size_gb", "num_threads", "data_parallel_size",
+            "tensor_parallel_size",
             "dtype", "url")
     lines = ["## Settings", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {cfg.get(k)} |" for k in keys]
@@ -54,7 +55,7 @@ def _settings_section(cfg: dict[str, Any]) -> list[str]:
 
 def _figure_table(entry: dict[str, Any], part: str, rows: list[tuple[str, str]]) -> list[str]:
     engines = list(entry["engines"])
-    # v1/v0, then each v1-dpN/v1 (data parallel beside one core), where both were measured.
+    # v1/v0, then each v1-dpN/v1 and v1-tpN/v1 (beside one core), where both were measured.
     ratios = [("v1/v0", (entry.get("ratio_v1_over_v0") or {}).get(part))]
     ratios += [(f"{e}/v1", (entry.get(f"ratio_{e}_over_v1") or {}).get(part)) for e in engines]
     ratios = [(name, r) for name, r in ratios if r]

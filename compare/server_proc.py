@@ -41,8 +41,13 @@ class ServerProcess(_Launcher):
         self.settings = settings
 
 
+_PARALLEL_FLAGS = {"dp": "--data-parallel-size", "tp": "--tensor-parallel-size"}
+
+
 def engine_flags(label: str) -> tuple[str, list[str]]:
     """A harness engine label -> the --engine value and extra flags: "v1-dp2" is v1 with
-    --data-parallel-size 2."""
-    base, _, dp = label.partition("-dp")
-    return base, (["--data-parallel-size", dp] if dp else [])
+    --data-parallel-size 2, "v1-tp3" v1 with --tensor-parallel-size 3."""
+    base, _, suffix = label.partition("-")
+    if not suffix:
+        return base, []
+    return base, [_PARALLEL_FLAGS[suffix[:2]], suffix[2:]]

@@ -22,12 +22,14 @@ class Snapshot:
     cpu_s: dict[str, float] = field(default_factory=dict)   # role (api, core) -> user+system s
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def _cpu_seconds(pid: int, with_children: bool = False) -> float | None:
+    """User + system seconds of ``pid`` (and its live children: tensor-parallel workers)."""
     try:
-        t = psutil.Process(pid).cpu_times()
+        proc = psutil.Process(pid)
+        procs = [proc, *(proc.children(recursive=True) if with_children else [])]
+        return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return t.user + t.system
 
 
 def take_snapshot(base_url: str, headers: dict[str, str] | None = None,
@@ -42,7 +44,7 @@ def take_snapshot(base_url: str, headers: dict[str, str] | None = None,
     pids = (stats or {}).get("pids") or {}
     for role, pid in pids.items():
         if local and isinstance(pid, int):
-            cpu = _cpu_seconds(pid)
+            cpu = _cpu_seconds(pid, with_children=role.startswith("core"))
             if cpu is not None:
                 snap.cpu_s[role] = cpu
     return snap

@@ -55,5 +55,7 @@ def test_data_parallel_setting_adds_a_v1_dp_server() -> None:
     assert cfg.engines == ("v1", "v1-dp2")
     assert engine_flags("v1-dp2") == ("v1", ["--data-parallel-size", "2"])
     assert engine_flags("v0") == ("v0", [])
+    assert CompareConfig(out="x", engines=("v1",), tensor_parallel_size=3).engines == ("v1", "v1-tp3")
+    assert engine_flags("v1-tp3") == ("v1", ["--tensor-parallel-size", "3"])
     with pytest.raises(ValueError, match="v1-dpN"):
         CompareConfig(out="x", engines=("v2",))

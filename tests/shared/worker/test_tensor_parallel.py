@@ -2,6 +2,7 @@
 against TP=1 on tiny random models of each family, refusals, and a rank that fails to start."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -30,9 +31,9 @@ def _config(folder: Path, tp: int, **parallel: int) -> EngineConfig:
         parallel=ParallelConfig(tensor_parallel_size=tp, **parallel))
 
 
-def _run(folder: Path, tp: int) -> tuple[list[torch.Tensor], dict[str, list]]:
+def _run(folder: Path, tp: int, **parallel: int) -> tuple[list[torch.Tensor], dict[str, list]]:
     """Every step's logits, and each request's output tokens and prompt logprobs."""
-    core = EngineCore(_config(folder, tp), folder)
+    core = EngineCore(_config(folder, tp, **parallel), folder)
     try:
         for i, n in enumerate((13, 21, 6)):
             sp = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True,
@@ -139,3 +140,29 @@ def test_rendezvous_reads_torchrun_variables() -> None:
     assert not rdv.is_loopback
     assert rdv.env(1) == {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
                           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_a_rank_started_by_hand_joins_as_on_another_node(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two-node recipe on loopback: rank 0 starts only itself, rank 1 is launched with
+    torchrun's variables alone, and the pair computes what one process does."""
+    import socket
+    import subprocess
+    import sys
+
+    folder, _ = make_tiny(tmp_path, "qwen2", seed=23)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    worker = subprocess.Popen([sys.executable, "-m", "shared.worker.distributed.worker",
+                               "--model", str(folder)], env=env)
+    try:
+        steps, _ = _run(folder, 2, tensor_parallel_local_size=1)
+        assert worker.wait(30) == 0                        # left on rank 0's stop signal
+        one_steps, _ = _run(folder, 1)
+        assert max((a - b).abs().max().item() for a, b in zip(steps, one_steps)) < 1e-4
+    finally:
+        worker.kill()
