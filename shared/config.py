@@ -101,6 +101,8 @@ class ParallelConfig:
     # Ranks started on this node, rank 0 included (0: all of them); the rest join from other
     # nodes through MASTER_ADDR/MASTER_PORT (docs/TENSOR_PARALLEL.md).
     tensor_parallel_local_size: int = 0
+    # All ranks on one CPU node: collectives through shared memory, not gloo's TCP loopback.
+    tensor_parallel_shared_memory: bool = True
     debug_fail_tp_rank: int = 0     # testing only: this worker rank raises during start-up
 
     def __post_init__(self) -> None:

@@ -70,6 +70,8 @@ HELP = {
     "tensor_parallel_local_size": "tensor parallel across nodes: ranks this node starts, rank 0 "
                                   "included (0: all); the others run python -m "
                                   "shared.worker.distributed.worker on their nodes",
+    "tensor_parallel_shared_memory": "tensor parallel on one CPU node: all-reduce through shared "
+                                     "memory (off: gloo over loopback TCP, ~100x slower here)",
     "debug_fail_tp_rank": "testing only: this tensor-parallel worker rank fails at start-up",
     "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",
     "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "

@@ -251,7 +251,7 @@ class ModelRunner:
     def forward(self, inp: ModelInput) -> torch.Tensor:
         """The model's forward pass; returns float32 logits of the sampling rows only."""
         if self.launcher is not None:   # rank 0: the other ranks run this step with it
-            self.tp.broadcast_bytes(encode_step(inp.arrays))
+            self.launcher.broadcast(self.tp, encode_step(inp.arrays))
         return self.forward_local(inp)
 
     @torch.inference_mode()
@@ -288,11 +288,5 @@ class ModelRunner:
     def close(self) -> None:
         """Rank 0: tell the other tensor-parallel ranks to leave, and wait for them."""
         launcher, self.launcher = self.launcher, None
-        if launcher is None:
-            return
-        try:
-            self.tp.broadcast_bytes(None)
-        except RuntimeError as e:      # a rank already gone: nothing to tell it
-            logger.warning("tensor-parallel stop broadcast failed: %s", e)
-        launcher.stop()
-        self.tp.close()
+        if launcher is not None:
+            launcher.broadcast_stop(self.tp)

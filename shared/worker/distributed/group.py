@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from shared.worker.distributed.shm_comm import SharedMemoryComm, file_bytes
 
 LOOPBACK = "127.0.0.1"
 
@@ -67,11 +72,14 @@ def open_store(rdv: Rendezvous, listener: socket.socket | None, timeout_s: float
 class TensorParallelGroup:
     """The collectives the sharded model and the runner call, over one process group.
 
-    Gloo on CPU; NCCL on CUDA, with a gloo side group for the byte broadcasts.
+    Gloo on CPU; NCCL on CUDA, with a gloo side group for the byte broadcasts. With
+    ``shared_memory`` (every rank on this CPU node) all-reduces and all-gathers that fit a slot
+    go through ``SharedMemoryComm``; ``check_peers`` raises when a rank is gone.
     """
 
     def __init__(self, rdv: Rendezvous, store: dist.Store, device: torch.device,
-                 timeout_s: float) -> None:
+                 timeout_s: float, shared_memory: bool = False,
+                 check_peers: Callable[[], None] | None = None) -> None:
         if rdv.is_loopback:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # gloo would pick the hostname's NIC
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -79,14 +87,35 @@ class TensorParallelGroup:
                                 timeout=timedelta(seconds=timeout_s))
         self.rank, self.size, self.device, self.store = rdv.rank, rdv.world_size, device, store
         self.cpu_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+        self.shm = self._map_shared_memory(check_peers) if shared_memory else None
+
+    def _map_shared_memory(self, check_peers: Callable[[], None] | None) -> SharedMemoryComm:
+        """Rank 0 makes the file and names it in the store; once every rank mapped it, it is
+        unlinked, so nothing is left behind however the ranks end."""
+        if self.rank == 0:
+            folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+            fd, name = tempfile.mkstemp(prefix="twinserve-tp-", dir=folder)
+            os.ftruncate(fd, file_bytes(self.size))
+            os.close(fd)
+            self.store.set("shm_path", name)
+        path = Path(self.store.get("shm_path").decode())
+        comm = SharedMemoryComm(path, self.rank, self.size, check_peers=check_peers)
+        dist.barrier(group=self.cpu_group)
+        if self.rank == 0:
+            path.unlink()
+        return comm
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place: the end of every row-parallel linear."""
+        if self.shm is not None and self.shm.fits(x):
+            return self.shm.all_reduce(x)
         dist.all_reduce(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's ``x`` along the last dim (vocabulary-parallel logits)."""
+        if self.shm is not None and self.shm.fits(x):
+            return self.shm.all_gather_last(x)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
@@ -109,6 +138,9 @@ class TensorParallelGroup:
         return payload if payload is not None else data.numpy().tobytes()
 
     def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
         if dist.is_initialized():
             dist.destroy_process_group()
 

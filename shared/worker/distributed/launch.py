@@ -48,10 +48,18 @@ def start_tensor_parallel(config: EngineConfig, model_path: Path, dtype: torch.d
     try:
         launcher.wait_for("joined")
         return launcher, TensorParallelGroup(launcher.rendezvous, launcher.store, device,
-                                             STEP_TIMEOUT_S)
+                                             STEP_TIMEOUT_S, uses_shared_memory(config, device),
+                                             launcher.raise_if_exited)
     except BaseException:
         launcher.stop(timeout_s=0)
         raise
+
+
+def uses_shared_memory(config: EngineConfig, device: torch.device) -> bool:
+    """Shared-memory collectives: on CPU, with every rank on this node."""
+    par = config.parallel
+    return (par.tensor_parallel_shared_memory and device.type == "cpu"
+            and par.tensor_parallel_local_size in (0, par.tensor_parallel_size))
 
 
 def wait_loaded(tp: TensorParallelGroup, launcher: WorkerLauncher | None) -> None:
@@ -105,6 +113,29 @@ class WorkerLauncher:
                 raise TimeoutError(f"tensor-parallel ranks {sorted(pending)} did not report "
                                    f"{stage!r} within {self.timeout_s:.0f} s")
             time.sleep(0.02)
+
+    def broadcast(self, tp: TensorParallelGroup, payload: bytes) -> None:
+        """One step's inputs to every rank; a rank gone is named, not gloo's socket."""
+        try:
+            tp.broadcast_bytes(payload)
+        except RuntimeError:
+            self.raise_if_exited()
+            raise
+
+    def broadcast_stop(self, tp: TensorParallelGroup) -> None:
+        """Tell every rank to leave, wait for this node's workers, close the group."""
+        try:
+            tp.broadcast_bytes(None)
+        except RuntimeError as e:      # a rank already gone: nothing to tell it
+            logger.warning("tensor-parallel stop broadcast failed: %s", e)
+        self.stop()
+        tp.close()
+
+    def raise_if_exited(self) -> None:
+        """Raise if a worker this process started has exited (a collective would wait forever)."""
+        for rank, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.returncode}")
 
     def _raise_if_failed(self, rank: int, stage: str) -> None:
         proc = self.procs.get(rank)

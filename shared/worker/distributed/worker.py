@@ -21,7 +21,8 @@ import torch
 
 from shared.config import EngineConfig
 from shared.worker.distributed.group import Rendezvous, TensorParallelGroup, open_store
-from shared.worker.distributed.launch import CONFIG_KEY, START_TIMEOUT_S, STEP_TIMEOUT_S, report
+from shared.worker.distributed.launch import (CONFIG_KEY, START_TIMEOUT_S, STEP_TIMEOUT_S, report,
+                                              uses_shared_memory)
 from shared.worker.model_runner import ModelRunner
 from shared.worker.step_inputs import decode_step
 
@@ -46,7 +47,8 @@ def start(rdv: Rendezvous, model: str | None) -> ModelRunner:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rdv.rank)))
         report(store, "joined", rdv.rank)
-        tp = TensorParallelGroup(rdv, store, device, STEP_TIMEOUT_S)
+        tp = TensorParallelGroup(rdv, store, device, STEP_TIMEOUT_S,
+                                 uses_shared_memory(config, device))
         if config.parallel.debug_fail_tp_rank == rdv.rank:
             raise RuntimeError(f"injected start-up failure of rank {rdv.rank}")
         return ModelRunner(config, Path(model or config.model.model), tp_worker=tp)

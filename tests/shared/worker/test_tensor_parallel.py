@@ -22,7 +22,7 @@ from tests.shared.worker.test_model import FAMILIES, make_tiny, tokens
 VOCAB = 255    # odd: the last vocabulary shard is padded
 
 
-def _config(folder: Path, tp: int, **parallel: int) -> EngineConfig:
+def _config(folder: Path, tp: int, **parallel: int | bool) -> EngineConfig:
     # Small steps, so prompts are chunked and steps mix prefill chunks with decodes.
     return EngineConfig(
         model=ModelConfig(model=str(folder), dtype="float32", quantization="none", num_threads=1),
@@ -31,7 +31,7 @@ def _config(folder: Path, tp: int, **parallel: int) -> EngineConfig:
         parallel=ParallelConfig(tensor_parallel_size=tp, **parallel))
 
 
-def _run(folder: Path, tp: int, **parallel: int) -> tuple[list[torch.Tensor], dict[str, list]]:
+def _run(folder: Path, tp: int, **parallel: int | bool) -> tuple[list[torch.Tensor], dict[str, list]]:
     """Every step's logits, and each request's output tokens and prompt logprobs."""
     core = EngineCore(_config(folder, tp, **parallel), folder)
     try:
@@ -54,12 +54,13 @@ def _run(folder: Path, tp: int, **parallel: int) -> tuple[list[torch.Tensor], di
         core.close()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tp2_logits_equal_tp1(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize(("family", "shm"), [(f, True) for f in FAMILIES] + [("llama", False)])
+def test_tp2_logits_equal_tp1(tmp_path: Path, family: str, shm: bool) -> None:
+    """Shared-memory collectives for each family; gloo's own for one."""
     folder, _ = make_tiny(tmp_path, family, seed=21, tie_word_embeddings=family == "llama",
                           vocab_size=VOCAB)
     one_steps, one_out = _run(folder, 1)
-    two_steps, two_out = _run(folder, 2)
+    two_steps, two_out = _run(folder, 2, tensor_parallel_shared_memory=shm)
     assert len(two_steps) == len(one_steps) > 5
     for a, b in zip(one_steps, two_steps):
         assert a.shape == b.shape and a.shape[1] == VOCAB
@@ -166,3 +167,21 @@ def test_a_rank_started_by_hand_joins_as_on_another_node(tmp_path: Path,
         assert max((a - b).abs().max().item() for a, b in zip(steps, one_steps)) < 1e-4
     finally:
         worker.kill()
+
+
+def test_a_worker_killed_while_serving_fails_the_step_instead_of_hanging(tmp_path: Path) -> None:
+    folder, _ = make_tiny(tmp_path, "llama", seed=24)
+    core = EngineCore(_config(folder, 2), folder)
+    try:
+        sp = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        core.add_request(EngineCoreRequest("a", tokens(9, VOCAB, 0), sp, None, time.time()))
+        core.step()
+        worker = core.model_runner.launcher.procs[1]
+        worker.kill()
+        worker.wait()
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="rank 1 exited with code -9"):
+            core.step()
+        assert time.monotonic() - t0 < 30
+    finally:
+        core.close()
