@@ -21,8 +21,13 @@ import torch
 
 from shared.config import EngineConfig
 from shared.worker.distributed.group import Rendezvous, TensorParallelGroup, open_store
-from shared.worker.distributed.launch import (CONFIG_KEY, START_TIMEOUT_S, STEP_TIMEOUT_S, report,
-                                              uses_shared_memory)
+from shared.worker.distributed.launch import (
+    CONFIG_KEY,
+    START_TIMEOUT_S,
+    STEP_TIMEOUT_S,
+    report,
+    uses_shared_memory,
+)
 from shared.worker.model_runner import ModelRunner
 from shared.worker.step_inputs import decode_step
 
