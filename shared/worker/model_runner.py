@@ -102,10 +102,10 @@ class ModelRunner:
         tuning = cache_dir() / "tuning"
         # Native kernels serve small CPU batches (pure torch without them); they decide the dtype.
         self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
+        sharded = config.parallel.tensor_parallel_size > 1     # no fused decode step: torch's rule
         self.dtype = resolve_dtype(mc.dtype, self.device, ArchConfig.from_folder(model_path), tuning,
-                                   native=self.native is not None)
+                                   native=self.native is not None and not sharded)
         is_cuda = self.device.type == "cuda"
-        sharded = config.parallel.tensor_parallel_size > 1
         if sharded and self.tp is None:
             self.launcher, self.tp = start_tensor_parallel(config, model_path, self.dtype, self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0] if is_cuda else 0

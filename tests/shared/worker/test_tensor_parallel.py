@@ -169,7 +169,7 @@ def test_a_rank_started_by_hand_joins_as_on_another_node(tmp_path: Path,
         worker.kill()
 
 
-def test_a_worker_killed_while_serving_fails_the_step_instead_of_hanging(tmp_path: Path) -> None:
+def test_a_worker_killed_while_serving_fails_the_step_and_nothing_listens_outside(tmp_path: Path) -> None:
     folder, _ = make_tiny(tmp_path, "llama", seed=24)
     core = EngineCore(_config(folder, 2), folder)
     try:
@@ -177,6 +177,10 @@ def test_a_worker_killed_while_serving_fails_the_step_instead_of_hanging(tmp_pat
         core.add_request(EngineCoreRequest("a", tokens(9, VOCAB, 0), sp, None, time.time()))
         core.step()
         worker = core.model_runner.launcher.procs[1]
+        # The rendezvous store and gloo's pairs listen on loopback only.
+        listening = [c.laddr.ip for pid in (os.getpid(), worker.pid)
+                     for c in psutil.Process(pid).net_connections("inet") if c.status == "LISTEN"]
+        assert listening and set(listening) == {"127.0.0.1"}, listening
         worker.kill()
         worker.wait()
         t0 = time.monotonic()
