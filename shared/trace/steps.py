@@ -60,11 +60,15 @@ _MAP: dict[Step, tuple[str, str]] = {
                         "`shared/core/kv_cache.py` (`KVCacheManager.allocate_slots`), "
                         "`shared/core/block_pool.py`"),
     Step.INPUTS_PREPARED: ("batch turned into tensors, forward launched",
-                           "`shared/worker/model_runner.py` (`ModelRunner.prepare_inputs`), "
+                           "`shared/worker/step_inputs.py` (`flatten_step`), "
+                           "`shared/worker/model_runner.py` (`ModelRunner.prepare_inputs`; "
+                           "`ModelRunner.forward` broadcasts the step to tensor-parallel ranks), "
+                           "`shared/worker/distributed/worker.py` (`serve_steps`: the other ranks), "
                            "`shared/engine_core.py` (`EngineCore.begin_step`)"),
     Step.FORWARD: ("model forward",
-                   "`shared/worker/models/llama.py`, run by `shared/engine_core.py` "
-                   "(`EngineCore.run_forward`)"),
+                   "`shared/worker/models/llama.py` (tensor parallel: one all-reduce after "
+                   "each attention and MLP, `shared/worker/distributed/group.py`), run by "
+                   "`shared/engine_core.py` (`EngineCore.run_forward`)"),
     Step.ATTENTION: ("attention reads K/V through block tables",
                      "`shared/worker/native/decode.py` (`FusedDecode.run`: CPU decode steps of "
                      "up to 32 rows), `shared/worker/attention/native_backend.py` "
