@@ -1,6 +1,6 @@
 """scripts/gpu_check.py --cpu-dry-run end to end: a moved module or a renamed import breaks this
-test here on CPU instead of on the lent GPU machine. Every stage runs on tiny shapes (about a
-minute on two cores, most of it the kernel tests under the Triton interpreter)."""
+test here on CPU instead of on the lent GPU machine. Every stage runs on tiny shapes (about
+half a minute on two cores)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 STAGES = ["kernels", "models", "agreement", "offline", "serving"]
 
 
-@pytest.mark.slow      # ~60 s; the real tokenizer comes from the default model
+@pytest.mark.slow      # ~35 s; the real tokenizer comes from the default model
 def test_cpu_dry_run_passes_every_stage(tmp_path: Path, default_model_dir: str) -> None:
     out = tmp_path / "dry.json"
     proc = subprocess.run(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -56,9 +57,11 @@ def start_tensor_parallel(config: EngineConfig, model_path: Path, dtype: torch.d
 
 
 def uses_shared_memory(config: EngineConfig, device: torch.device) -> bool:
-    """Shared-memory collectives: on CPU, with every rank on this node."""
+    """Shared-memory collectives: on an x86-64 CPU (its stores stay in order, which the flags
+    rely on), with every rank on this node."""
     par = config.parallel
     return (par.tensor_parallel_shared_memory and device.type == "cpu"
+            and platform.machine().lower() in ("x86_64", "amd64")
             and par.tensor_parallel_local_size in (0, par.tensor_parallel_size))
 
 
