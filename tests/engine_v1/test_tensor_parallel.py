@@ -22,9 +22,20 @@ def _complete(server: Server) -> list[tuple[list[str], list[float]]]:
     return [(ch["logprobs"]["tokens"], ch["logprobs"]["token_logprobs"]) for ch in choices]
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory,
+                default_model_dir: str) -> list[tuple[list[str], list[float]]]:
+    """TP=1's answers (v0 and v1 answer identically: tests/engine_v1/test_equivalence.py)."""
+    one = start_server("v1", tmp_path_factory.mktemp("tp1") / "tp1.log", *EXACT)
+    try:
+        return _complete(one)
+    finally:
+        stop_server(one)
+
+
 @pytest.mark.parametrize("engine", ["v1", "v0"])
-def test_tp3_matches_one_process_and_sigterm_leaves_no_worker(tmp_path: Path, engine: str,
-                                                             default_model_dir: str) -> None:
+def test_tp3_matches_one_process_and_sigterm_leaves_no_worker(
+        tmp_path: Path, engine: str, one_process: list[tuple[list[str], list[float]]]) -> None:
     server = start_server(engine, tmp_path / "tp3.log", "--tensor-parallel-size", "3", *EXACT)
     try:
         sharded = _complete(server)
@@ -35,13 +46,8 @@ def test_tp3_matches_one_process_and_sigterm_leaves_no_worker(tmp_path: Path, en
         code = stop_server(server)
     assert code == 0
     _assert_gone([p.pid for p in workers])
-    one = start_server(engine, tmp_path / "tp1.log", *EXACT)
-    try:
-        expected = _complete(one)
-    finally:
-        stop_server(one)
-    assert [t for t, _ in sharded] == [t for t, _ in expected]
-    for (_, lps), (_, ref) in zip(sharded, expected):
+    assert [t for t, _ in sharded] == [t for t, _ in one_process]
+    for (_, lps), (_, ref) in zip(sharded, one_process):
         assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-3
 
 
