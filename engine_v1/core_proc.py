@@ -27,6 +27,7 @@ from shared.config import EngineConfig
 from shared.engine_core import EngineCore
 from shared.errors import ParamError
 from shared.messages import EngineCoreOutputs
+from shared.processes import watch_parent
 from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
 
@@ -170,7 +171,7 @@ def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, outpu
     """Entry point of the spawned core process."""
     # Ctrl-C reaches the whole process group; the API server decides when the core stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(os.getppid())
+    watch_parent(os.getppid())
     config = msgspec.msgpack.decode(config_bytes, type=EngineConfig)
     try:
         proc = EngineCoreProc(config, Path(model_path), input_addr, output_addr, engine_index)
@@ -183,13 +184,3 @@ def run_engine_core(config_bytes: bytes, model_path: str, input_addr: str, outpu
         proc.close()
         raise SystemExit(1) from e
     proc.close()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit if the API process disappears (e.g. SIGKILL), so no core is orphaned."""
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import os
 import shutil
 import tempfile
 import time
@@ -18,6 +17,7 @@ import zmq
 
 from engine_v1 import wire
 from shared.config import EngineConfig
+from shared.processes import cpu_share
 
 
 def _core_main(config_bytes: bytes, model_path: str, input_addr: str, output_addr: str,
@@ -119,7 +119,7 @@ def core_config(config: EngineConfig, num_cores: int) -> EngineConfig:
     among the cores (at least one each), so N cores x torch's default never oversubscribe."""
     if num_cores == 1 or config.model.num_threads:
         return config
-    threads = max(1, len(os.sched_getaffinity(0)) // num_cores)
+    threads = cpu_share(num_cores)
     return dataclasses.replace(config, model=dataclasses.replace(config.model, num_threads=threads))
 
 

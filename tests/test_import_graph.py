@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared", "engine_v0", "engine_v1", "kernels", "compare")
 # Modules at shared/'s top level that everyone may use: config, errors and typed messages.
-BASE = {"shared.config", "shared.errors", "shared.messages"}
+BASE = {"shared.config", "shared.errors", "shared.messages", "shared.processes"}
 # Leaves: packages that import only themselves and BASE, so any layer may use them.
 LEAVES = ("shared.trace", "shared.structured")
 WORKER_MAY_USE_FROM_CORE = {"shared.core.request", "shared.core.scheduler_output"}

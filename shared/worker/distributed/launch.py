@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from shared.config import EngineConfig
+from shared.processes import cpu_share
 from shared.worker.distributed.group import LOOPBACK, Rendezvous, TensorParallelGroup, bind_master, open_store
 from shared.worker.distributed.sharding import check_divides
 from shared.worker.models.arch_config import ArchConfig
@@ -90,7 +91,7 @@ class WorkerLauncher:
         self.store.set(CONFIG_KEY, msgspec.msgpack.encode(worker_config))
         local = par.tensor_parallel_local_size or par.tensor_parallel_size
         # Split the cores so the local ranks never oversubscribe them.
-        self.threads = config.model.num_threads or max(1, len(os.sched_getaffinity(0)) // local)
+        self.threads = config.model.num_threads or cpu_share(local)
         self.procs = {r: self._spawn(r, self.threads) for r in range(1, local)}
         logger.info("tensor parallel: %d ranks, rendezvous on %s:%d, %d started here "
                     "(%d torch threads each)", par.tensor_parallel_size, addr,

@@ -12,14 +12,13 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import msgspec
 import torch
 
 from shared.config import EngineConfig
+from shared.processes import watch_parent
 from shared.worker.distributed.group import Rendezvous, TensorParallelGroup, open_store
 from shared.worker.distributed.launch import (
     CONFIG_KEY,
@@ -32,15 +31,6 @@ from shared.worker.model_runner import ModelRunner
 from shared.worker.step_inputs import decode_step
 
 logger = logging.getLogger("twinserve.tp-worker")
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Leave when the process that started this one is gone, so no worker is orphaned."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(1)
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def start(rdv: Rendezvous, model: str | None) -> ModelRunner:
@@ -79,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.parent_pid:     # started by rank 0, which decides when this rank stops
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _watch_parent(args.parent_pid)
+        watch_parent(args.parent_pid)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     rdv = Rendezvous.from_env()
