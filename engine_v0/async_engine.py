@@ -60,7 +60,7 @@ class AsyncEngine(EngineFrontend):
                 await self._step()
         except asyncio.CancelledError:
             raise
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - any failure kills the engine
             log.exception("engine loop died")
             self.fail_all(e)
 

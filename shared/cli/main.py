@@ -35,7 +35,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     par = engine_config.parallel
     if par.data_parallel_size > 1 and par.tensor_parallel_size > 1:
         raise SystemExit("--data-parallel-size and --tensor-parallel-size cannot both be > 1 yet")
-    if engine_config.parallel.data_parallel_size > 1 and server_config.engine != "v1":
+    if par.data_parallel_size > 1 and server_config.engine != "v1":
         raise SystemExit("--data-parallel-size > 1 needs --engine v1 (v0 runs one engine core "
                          "inside the API process)")
     if server_config.api_key is None:
