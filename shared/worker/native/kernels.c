@@ -97,7 +97,7 @@ static void int8q_gemv_for(const Mat *mat, const float *x, int64_t rows, float *
     const int64_t tiles = mat->n / NT;
     prepare(x, rows, mat->k, &qx);
     const QRows r = {qx.sums, qx.q, qx.scale};
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait     /* the single below is the barrier */
     for (int64_t i = 0; i < tiles; i++) {
         if (rows == 1) tile_int8q(mat, &r, 1, out, ldo, accumulate, i * NT, NT);
         else for (int t = 0; t < NT; t += 2) tile_int8q(mat, &r, 2, out, ldo, accumulate, i * NT + t, 2);
@@ -133,7 +133,7 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
     }
 #endif
     const int64_t tiles = mat->n / NT, K = mat->k;
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait     /* the single below is the barrier */
     for (int64_t i = 0; i < tiles; i++)
         for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
             tile_rows(mat, x + m0 * K, rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK, out + m0 * ldo,

@@ -85,7 +85,7 @@ void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64
     prepare(x, rows, K, &qx);
     for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
         chunks[m0 / ROW_CHUNK] = (QRows){qx.sums + m0 * G, qx.q + m0 * K, qx.scale + m0 * G};
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(static) nowait     /* the single below is the barrier */
     for (int64_t i = 0; i < tiles; i++)
         for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
             tile_rows(mat, x + m0 * K, &chunks[m0 / ROW_CHUNK], rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK,
