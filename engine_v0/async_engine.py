@@ -1,12 +1,13 @@
 """v0: the API server's own event loop drives the engine core.
 
 Scheduling, input preparation, sampling and detokenization run on the loop thread; only
-the forward pass leaves it, awaited with ``asyncio.to_thread`` so HTTP keeps being served.
+the forward pass leaves it, for one dedicated thread, and is awaited so HTTP keeps being served.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared.config import EngineConfig
@@ -32,6 +33,9 @@ class AsyncEngine(EngineFrontend):
         super().__init__(Tokenizer(path), self.core.model_info, max_waiting_requests)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Always the same thread: OpenMP keeps a thread team per calling thread, and the idle
+        # team of a second caller spins beside the team doing the forward.
+        self._forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="v0-forward")
 
     def _submit(self, request: EngineCoreRequest) -> None:
         if request.trace:
@@ -72,7 +76,8 @@ class AsyncEngine(EngineFrontend):
                 self.process_engine_outputs(outputs)
             await asyncio.sleep(0.001)
             return
-        logits = await asyncio.to_thread(self.core.run_forward, batch)  # forward, off the loop
+        logits = await asyncio.get_running_loop().run_in_executor(   # forward, off the loop
+            self._forward_thread, self.core.run_forward, batch)
         outputs = self.core.finish_step(batch, logits)               # sample, update scheduler
         self.process_engine_outputs(outputs)                         # detokenize, feed streams
 
@@ -85,4 +90,5 @@ class AsyncEngine(EngineFrontend):
         await cancel_and_wait(self._task)
         self._task = None
         self.fail_all(RuntimeError("server shutting down"))
+        self._forward_thread.shutdown(wait=False)
         self.core.close()
