@@ -165,13 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key")
     p.add_argument("--long-prefill-token-threshold", type=int,
                    help="passed to twinserve (default: the server's own)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="twinserve's per-step token budget (default: the harness's 1024)")
     for f in fields(LongWorkload):
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     ns = p.parse_args(argv)
     wl = LongWorkload(**{f.name: getattr(ns, f.name) for f in fields(LongWorkload)})
     extra = [] if ns.long_prefill_token_threshold is None else \
         ["--long-prefill-token-threshold", str(ns.long_prefill_token_threshold)]
-    result = run(ns.out, ns.engines, ns.url, ns.api_key, extra=extra, wl=wl)
+    settings = None
+    if ns.max_num_batched_tokens is not None:
+        settings = ServerSettings(str(resolve_model(None)), max_num_batched_tokens=ns.max_num_batched_tokens)
+    result = run(ns.out, ns.engines, ns.url, ns.api_key, settings, extra, wl)
     print(report(result["results"]))
     return 0
 
