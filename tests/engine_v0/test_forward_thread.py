@@ -7,11 +7,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from compare.tiny_model import ensure_tiny_model
 from engine_v0 import AsyncEngine
 from shared import SamplingParams
 from shared.config import EngineConfig, ModelConfig
+from shared.engine_core import StepBatch
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def test_every_forward_runs_on_the_same_non_loop_thread(tiny_dir: Path) -> None:
     threads: list[threading.Thread] = []
     run_forward = engine.core.run_forward
 
-    def recording_forward(batch):  # noqa: ANN001, ANN202 - wraps the core's own method
+    def recording_forward(batch: StepBatch) -> torch.Tensor:
         threads.append(threading.current_thread())
         return run_forward(batch)
 
