@@ -112,6 +112,7 @@ class EngineCoreProc:
             try:
                 self.core.add_request(payload)
             except ParamError as e:
+                self._flush_pending()   # keep the outputs in order
                 self.output_queue.put(wire.CoreReject(payload.request_id, str(e), e.param))
         elif tag == wire.ABORT:
             self.core.abort_requests(payload)
@@ -153,6 +154,7 @@ class EngineCoreProc:
         API side's /metrics shows free blocks without waiting for another step."""
         if self._idle_reported or self.core.has_unfinished_requests():
             return
+        self._flush_pending()   # first: its older stats must not arrive after these
         stats = self.core.scheduler.get_stats()
         self.output_queue.put(EngineCoreOutputs(outputs=[], timestamp=time.time(), stats=stats))
         self._idle_reported = True
