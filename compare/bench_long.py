@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from compare.bench_serve import Target, fetch_model_name, send_request
+from compare.bench_serve import Target, fetch_model_name, send_request, warm_up
 from compare.metrics import RequestResult
 from compare.server_proc import ServerProcess, ServerSettings
 from compare.workload import Workload, decode_prompts, ordinary_vocab, sample_requests
@@ -109,7 +109,7 @@ def fresh_servers(engine: str, settings: ServerSettings, out: Path,
             server.flags.extend(extra)
             server.start(180)
             target = Target(server.base_url, asyncio.run(fetch_model_name(server.base_url)), "chat")
-            asyncio.run(_warm(target))
+            asyncio.run(warm_up(target))
             yield target
     return target_of
 
@@ -119,11 +119,6 @@ def one_server(url: str, api_key: str | None) -> TargetOf:
     def target_of(phase: str) -> Iterator[Target]:
         yield Target(url, asyncio.run(fetch_model_name(url, api_key)), "chat", api_key)
     return target_of
-
-
-async def _warm(target: Target) -> None:
-    async with httpx.AsyncClient(timeout=target.request_timeout_s) as client:
-        await asyncio.gather(*(send_request(client, target, "Hello there", 8, 0.0) for _ in range(2)))
 
 
 def report(rows: dict[str, dict[str, object]]) -> str:

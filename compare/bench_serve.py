@@ -127,3 +127,10 @@ async def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
         resp = await client.get(base_url + "/v1/models", headers=headers)
         resp.raise_for_status()
         return str(resp.json()["data"][0]["id"])
+
+
+async def warm_up(target: Target, requests: int = 2) -> None:
+    """A few short requests, so first-request costs stay out of what is measured."""
+    async with httpx.AsyncClient(timeout=target.request_timeout_s) as client:
+        await asyncio.gather(*(send_request(client, target, "Hello there", 8, 0.0)
+                               for _ in range(requests)))

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compare.bench_serve import Target, fetch_model_name, run_workload, send_request
+from compare.bench_serve import Target, fetch_model_name, run_workload, warm_up
 from compare.config import WORKLOADS
 from compare.metrics import compute_metrics
 from compare.server_proc import ServerProcess, ServerSettings
@@ -59,16 +59,16 @@ def _prompts(setup: Setup, model: Path) -> list[str]:
 def run_offline(setup: Setup, model: str, prompts: list[str]) -> dict[str, float]:
     """In its own process: LLM over all prompts, timed after a warm-up; per-phase step times."""
     from shared.llm import LLM
-    from shared.messages import SamplingParams, StepTimes
+    from shared.messages import EngineCoreOutputs, SamplingParams, StepTimes
 
     w = _workload(setup)
     llm = LLM(model, dtype=setup.dtype, quantization=setup.quantization or "auto",
               max_num_seqs=w.concurrency or 16, num_threads=setup.num_threads)
     llm.chat([[{"role": "user", "content": "Hello there"}]] * 2, SamplingParams(max_tokens=8))
-    steps: list = []
+    steps: list[StepTimes] = []
     step = llm.core.step
 
-    def recorded():     # keep each step's timings (LLM itself drops them)
+    def recorded() -> EngineCoreOutputs:     # keep each step's timings (LLM itself drops them)
         out = step()
         if out.step is not None:
             steps.append(out.step)
@@ -98,7 +98,7 @@ def run_served(setup: Setup, model: str, prompts: list[str], out: Path) -> dict[
     with ServerProcess(setup.engine, settings, out / f"{setup.engine}-server.log") as server:
         server.start(180)
         target = Target(server.base_url, asyncio.run(fetch_model_name(server.base_url)), "chat")
-        asyncio.run(_warm(target))
+        asyncio.run(warm_up(target))
         before = take_snapshot(server.base_url)
         reqs = sample_requests(w, [0])      # only output_len is read: prompts are text
         results, duration = asyncio.run(run_workload(target, w, reqs, prompts))
@@ -107,13 +107,6 @@ def run_served(setup: Setup, model: str, prompts: list[str], out: Path) -> dict[
     if figures["failed"]:
         raise RuntimeError(f"{figures['failed']} served requests failed: {results[0].error}")
     return figures | server_figures(before, after)
-
-
-async def _warm(target: Target) -> None:
-    import httpx
-
-    async with httpx.AsyncClient(timeout=target.request_timeout_s) as client:
-        await asyncio.gather(*(send_request(client, target, "Hello there", 8, 0.0) for _ in range(2)))
 
 
 def report(setup: Setup, offline: dict, served: dict) -> str:
