@@ -9,13 +9,14 @@
 /* ``nt`` weight rows of out for M activation rows: the nt weight rows share each activation
  * load and their nt x M accumulators are independent, so the FMA latency chain does not stall
  * the loop (one accumulator at M = 1 measured no faster than torch's kernel). M and nt are
- * constants in each inlined copy (see tile_rows), so the accumulators stay in registers. */
-static inline void tile(const Mat *mat, const float *x, const int64_t M, float *out, int64_t ldo,
-                        int accumulate, int64_t n0, const int nt) {
+ * constants in each inlined copy (see tile_rows), so the accumulators stay in registers;
+ * is_int8 (mat->kind is MAT_INT8) is one too where the caller is hot (tile_block). */
+static inline __attribute__((always_inline)) void tile(const Mat *mat, const float *x, const int64_t M,
+                                                      float *out, int64_t ldo, int accumulate,
+                                                      int64_t n0, const int nt, const int is_int8) {
     const int64_t K = mat->k;
     const int8_t *q = (const int8_t *)mat->w;
     const float *wf = (const float *)mat->w;
-    const int is_int8 = mat->kind == MAT_INT8;
     float acc_s[ROW_CHUNK][NT] = {{0}};
     int64_t k = 0;
 #ifdef __AVX2__
@@ -107,18 +108,40 @@ static void int8q_gemv_for(const Mat *mat, const float *x, int64_t rows, float *
 }
 #endif
 
-/* Rows [n0, n0 + NT): one activation row gets NT weight rows per pass (latency hiding); two
- * rows get two; more rows already have M independent accumulators per weight row (and more
- * would spill registers: measured slower). */
+/* Rows [n0, n0 + NT) for one or two activation rows: one row gets NT weight rows per pass
+ * (latency hiding), two rows get two. */
 static void tile_rows(const Mat *mat, const float *x, int64_t M, float *out, int64_t ldo, int acc,
                       int64_t n0) {
-    switch (M) {       /* constants per copy: the compiler unrolls and keeps registers */
-    case 1: tile(mat, x, 1, out, ldo, acc, n0, 4); break;
-    case 2: for (int t = 0; t < NT; t += 2) tile(mat, x, 2, out, ldo, acc, n0 + t, 2); break;
-    case 4: for (int t = 0; t < NT; t++) tile(mat, x, 4, out, ldo, acc, n0 + t, 1); break;
-    case 8: for (int t = 0; t < NT; t++) tile(mat, x, 8, out, ldo, acc, n0 + t, 1); break;
-    default: for (int t = 0; t < NT; t++) tile(mat, x, M, out, ldo, acc, n0 + t, 1); break;
+    const int i8 = mat->kind == MAT_INT8;
+    if (M == 1) tile(mat, x, 1, out, ldo, acc, n0, 4, i8);
+    else for (int t = 0; t < NT; t += 2) tile(mat, x, 2, out, ldo, acc, n0 + t, 2, i8);
+}
+
+/* Weight rows [n0, n0 + nt) for all M rows, in register tiles of BLOCK_M rows x nt weight
+ * rows: 4 x 3 is 12 accumulators, 3 weights and 1 activation, the 16 ymm registers (1.6x the
+ * GMAC/s of 8 rows x 1 weight row on a Zen 4 at 16 rows; 6 x 2, 3 x 4 and 2 x 6 measured
+ * slower). Constant row counts per copy, so the accumulators stay in registers. */
+#define BLOCK_M 4
+#define BLOCK_N 3
+static inline __attribute__((always_inline)) void tile_block_kind(
+        const Mat *mat, const float *x, int64_t M, float *out, int64_t ldo, int acc, int64_t n0,
+        const int nt, const int i8) {
+    const int64_t K = mat->k;
+    int64_t m0 = 0;
+    for (; m0 + BLOCK_M <= M; m0 += BLOCK_M)
+        tile(mat, x + m0 * K, BLOCK_M, out + m0 * ldo, ldo, acc, n0, nt, i8);
+    switch (M - m0) {
+    case 3: tile(mat, x + m0 * K, 3, out + m0 * ldo, ldo, acc, n0, nt, i8); break;
+    case 2: tile(mat, x + m0 * K, 2, out + m0 * ldo, ldo, acc, n0, nt, i8); break;
+    case 1: tile(mat, x + m0 * K, 1, out + m0 * ldo, ldo, acc, n0, nt, i8); break;
+    default: break;
     }
+}
+
+static void tile_block(const Mat *mat, const float *x, int64_t M, float *out, int64_t ldo, int acc,
+                       int64_t n0, const int nt) {
+    if (mat->kind == MAT_INT8) tile_block_kind(mat, x, M, out, ldo, acc, n0, nt, 1);
+    else tile_block_kind(mat, x, M, out, ldo, acc, n0, nt, 0);
 }
 
 void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
@@ -132,17 +155,20 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
         return;
     }
 #endif
-    const int64_t tiles = mat->n / NT, K = mat->k;
-    #pragma omp for schedule(static) nowait     /* the single below is the barrier */
-    for (int64_t i = 0; i < tiles; i++)
-        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
-            tile_rows(mat, x + m0 * K, rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK, out + m0 * ldo,
-                      ldo, accumulate, i * NT);
+    if (rows <= 2) {
+        const int64_t tiles = mat->n / NT;
+        #pragma omp for schedule(static) nowait     /* the single below is the barrier */
+        for (int64_t i = 0; i < tiles; i++) tile_rows(mat, x, rows, out, ldo, accumulate, i * NT);
+        #pragma omp single
+        for (int64_t n = tiles * NT; n < mat->n; n++)
+            tile(mat, x, rows, out, ldo, accumulate, n, 1, mat->kind == MAT_INT8);
+        return;
+    }
+    const int64_t tiles = mat->n / BLOCK_N;
+    #pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < tiles; i++) tile_block(mat, x, rows, out, ldo, accumulate, i * BLOCK_N, BLOCK_N);
     #pragma omp single
-    for (int64_t n = tiles * NT; n < mat->n; n++)    /* the last n % NT rows, one at a time */
-        for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
-            tile(mat, x + m0 * K, rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK, out + m0 * ldo, ldo,
-                 accumulate, n, 1);
+    for (int64_t n = tiles * BLOCK_N; n < mat->n; n++) tile_block(mat, x, rows, out, ldo, accumulate, n, 1);
 }
 
 /* out [M, n] = x W^T for any Mat (the Python side fills the struct), M <= MAX_ROWS. */
