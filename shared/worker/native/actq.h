@@ -8,12 +8,13 @@
 #include "native.h"
 
 #define MAX_K (MAX_Q4_GROUPS * Q4_GROUP)
+#define QX_ROWS 32          /* rows of one QX: ~160 KB of stack; more rows run in chunks */
 
 /* Per-thread copy of the activations' group sums and (AVX2) int8 blocks with their scales. */
 typedef struct {
-    float sums[MAX_ROWS * MAX_Q4_GROUPS];
-    int8_t q[MAX_ROWS * MAX_K] __attribute__((aligned(32)));
-    float scale[MAX_ROWS * MAX_Q4_GROUPS];
+    float sums[QX_ROWS * MAX_Q4_GROUPS];
+    int8_t q[QX_ROWS * MAX_K] __attribute__((aligned(32)));
+    float scale[QX_ROWS * MAX_Q4_GROUPS];
 } QX;
 
 /* The rows of a QX that one register tile reads (a chunk of at most ROW_CHUNK rows). */

@@ -43,7 +43,7 @@ def _compiler() -> str | None:
 
 
 def build_key(cc: str, flags: list[str]) -> str:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True).stdout.split("\n")[0]
     texts = [p.read_text() for p in SOURCES + HEADERS]
     facts = "\n".join([*texts, cc, version, " ".join(flags)])
     return hashlib.sha256(facts.encode()).hexdigest()[:16]
@@ -62,7 +62,7 @@ def build(cache: Path, flags: list[str] | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as tmp:     # atomic: build aside, then rename
         out = Path(tmp) / target.name
         cmd = [cc, *_BASE_FLAGS, *flags, *map(str, SOURCES), "-o", str(out), "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}")
         out.replace(target)
@@ -85,10 +85,10 @@ class NativeKernels:
         self._lib = lib
         self.isa = lib.native_isa().decode()
         self.path = path
-        self.max_rows = 32             # native.h's MAX_ROWS
+        self.max_rows: int = lib.native_max_rows()      # native.h's MAX_ROWS
 
     def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
-        """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= 32)."""
+        """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= max_rows)."""
         x = x.contiguous()
         out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
         rc = self._lib.mat_gemm_small(ctypes.addressof(mat), x.data_ptr(), x.shape[0],

@@ -4,7 +4,7 @@ At one token per step the eager model spends more time dispatching ~15 small tor
 layer than multiplying; ``decode.c`` runs a whole step's layers inside one OpenMP region.
 Python keeps what is cheap and model-specific: the embedding lookup, the RoPE tables (every
 RoPE variant of ``RotaryEmbedding``), the final norm and the lm_head. A step it cannot take
-(a prefill chunk, more than ``MAX_ROWS`` rows) runs the eager model as before.
+(a prefill chunk, more rows than ``native.max_rows``) runs the eager model as before.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_ROWS = 32                   # native.h's MAX_ROWS
 MAX_GROUP, MAX_DIM = 16, 256    # attention.c's limits
 
 
@@ -59,7 +58,7 @@ def unsupported_reason(model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tens
 
 
 class FusedDecode:
-    """Runs decode steps of up to ``MAX_ROWS`` rows through ``decode.c``."""
+    """Runs decode steps of up to ``native.max_rows`` rows through ``decode.c``."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  native: NativeKernels, num_threads: int) -> None:
@@ -72,7 +71,7 @@ class FusedDecode:
         self._scratch, self._scratch_struct = self._alloc_scratch(num_threads)
 
     def _alloc_scratch(self, num_threads: int) -> tuple[list[torch.Tensor], Scratch]:
-        a, r = self.model.arch, MAX_ROWS
+        a, r = self.model.arch, self.native.max_rows
         h, kvh, d = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         capacity = 8 * num_threads      # partial attention results (attention.c's split)
         split = capacity * ((h // kvh) * d + 2 * MAX_GROUP)
@@ -102,7 +101,7 @@ class FusedDecode:
 
     def can_run(self, meta: AttentionMetadata) -> bool:
         rows = meta.num_seqs
-        return (rows <= MAX_ROWS and meta.num_tokens == rows
+        return (rows <= self.native.max_rows and meta.num_tokens == rows
                 and all(q == 1 for q in meta.query_lens_list) and self.layers_for(rows) is not None)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,

@@ -180,6 +180,9 @@ int mat_gemm_small(const Mat *mat, const float *x, int64_t M, float *out, int nt
     return 0;
 }
 
+/* native.h's MAX_ROWS, so Python sizes its buffers and batches by it. */
+int native_max_rows(void) { return MAX_ROWS; }
+
 /* The ISA this file was compiled for, so Python can report it. */
 const char *native_isa(void) {
 #if defined(__AVX512F__)

@@ -12,7 +12,7 @@
 #endif
 #include "vec.h"
 
-#define MAX_ROWS 32         /* activation rows of the small-batch GEMV and the fused decode */
+#define MAX_ROWS 64         /* activation rows of the small-batch GEMV and the fused decode */
 #define ROW_CHUNK 8         /* rows per register tile: larger batches run in chunks of it */
 
 /* A weight matrix y = x W^T (+ bias), W [n, k] in one of three layouts (kind):

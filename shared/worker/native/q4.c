@@ -78,10 +78,12 @@ static void tile_rows(const Mat *mat, const float *x, const QRows *qx, int64_t M
     }
 }
 
-void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
+/* rows <= QX_ROWS */
+static void q4_gemv_chunk(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo,
+                          int accumulate) {
     QX qx;                      /* ~160 KB of stack per thread at the largest K and row count */
     const int64_t tiles = mat->n / NT, K = mat->k, G = K / Q4_GROUP;
-    QRows chunks[MAX_ROWS / ROW_CHUNK];
+    QRows chunks[QX_ROWS / ROW_CHUNK];
     prepare(x, rows, K, &qx);
     for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
         chunks[m0 / ROW_CHUNK] = (QRows){qx.sums + m0 * G, qx.q + m0 * K, qx.scale + m0 * G};
@@ -95,4 +97,10 @@ void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64
         for (int64_t m0 = 0; m0 < rows; m0 += ROW_CHUNK)
             tile(mat, x + m0 * K, &chunks[m0 / ROW_CHUNK], rows - m0 < ROW_CHUNK ? rows - m0 : ROW_CHUNK,
                  out + m0 * ldo, ldo, accumulate, n, 1);
+}
+
+void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
+    for (int64_t m0 = 0; m0 < rows; m0 += QX_ROWS)
+        q4_gemv_chunk(mat, x + m0 * mat->k, rows - m0 < QX_ROWS ? rows - m0 : QX_ROWS, out + m0 * ldo,
+                      ldo, accumulate);
 }

@@ -102,7 +102,7 @@ def test_quantized_weights_match_the_eager_quantized_model(native: NativeKernels
 
 def test_steps_it_cannot_take(native: NativeKernels) -> None:
     model = tiny_model(torch.float32, std=0.1)
-    meta, num_blocks = decode_meta([4] * 33, 16, 0)             # 33 rows: more than MAX_ROWS
+    meta, num_blocks = decode_meta([4] * (native.max_rows + 1), 16, 0)     # one row too many
     fused = FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2)
     assert not fused.can_run(meta)
     few, _ = decode_meta([4] * 4, 16, 0)

@@ -48,9 +48,11 @@ def reference(kind: str, x: torch.Tensor, fmt: WeightFormat, weight: torch.Tenso
     return x @ weight.t()
 
 
-# 100: off the SIMD width; 3 rows and up run register tiles of 4 rows x 3 weight rows: 3, 5, 6
-# and 13 rows leave 3, 1, 2 and 1 rows over, and 206 + rows % 3 weight rows 0-2 (not int4)
-SHAPES = [(1, 576), (2, 64), (3, 96), (8, 1536), (5, 64), (6, 96), (2, 100), (13, 192), (32, 576)]
+# 100: off the SIMD width; 45 rows: two chunks of Q4 activations. 3 rows and up run register
+# tiles of 4 rows x 3 weight rows: 3, 5, 6 and 13 rows leave 3, 1, 2 and 1 rows over, and
+# 206 + rows % 3 weight rows leave 0-2 (not int4)
+SHAPES = [(1, 576), (2, 64), (3, 96), (8, 1536), (5, 64), (6, 96), (2, 100), (13, 192), (32, 576),
+          (45, 192)]
 CASES = [(kind, rows, k) for kind in ("f32", "int8", "int4") for rows, k in SHAPES
          if kind != "int4" or k % 32 == 0]                       # int4 needs whole groups of 32
 
@@ -91,15 +93,15 @@ def test_formats_take_the_native_path_for_small_float32_batches(cache: Path) -> 
     w = torch.randn(64, 128) * 0.05
     for kind in ("int8", "int4"):
         fmt, exact = native_weight(kind, w, native)
-        for rows in (1, 8, 32):         # the native kernel
+        for rows in (1, 8, 40, native.max_rows):        # the native kernel (Q4: chunks of 32 rows)
             x = torch.randn(rows, 128)
             ref = reference(kind, x, fmt, exact, native.isa)
             torch.testing.assert_close(fmt.matmul(x), ref, atol=1e-4, rtol=1e-4)
-        x = torch.randn(33, 128)        # 33 rows: torch's kernel on bf16 activations
+        x = torch.randn(native.max_rows + 1, 128)       # torch's kernel on bf16 activations
         torch.testing.assert_close(fmt.matmul(x), x @ fmt.dequantize().t(), atol=3e-2, rtol=3e-2)
     fmt = pack("int8", w, torch.float32)
-    with pytest.raises(ValueError, match="at most 32"):
-        native.gemm_small(fmt.native_mat(), torch.randn(33, 128), 1)
+    with pytest.raises(ValueError, match=f"at most {native.max_rows}"):
+        native.gemm_small(fmt.native_mat(), torch.randn(native.max_rows + 1, 128), 1)
 
 
 def test_the_build_is_cached_and_keyed(cache: Path) -> None:
