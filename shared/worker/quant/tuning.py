@@ -3,9 +3,11 @@
 ``--quantization auto`` needs the crossover between, say, int8 weight-only GEMV (memory-bound,
 fast at one row) and dense bf16 GEMM (fast at many rows). It differs between the CPUs this
 project runs on (AVX-512 with bf16 one day, AVX2 the next), so it is measured, not guessed:
-one layer's worth of the model's real matmul shapes, at row counts 1..64, each format timed
-on random weights (past 64 rows the last winner keeps running: all formats there are
-compute-bound and their order stops changing). The result is cached on disk under a key of everything that changes it
+one layer's worth of the model's real matmul shapes, at row counts 1..128, each format timed
+on random weights (past 128 rows the last winner keeps running: all formats there are
+compute-bound and their order stops changing). 128 is past the native kernels' 64 rows, where
+the weight-only formats fall back to torch's kernels: extending the 64-row winner instead ran
+1,024-token prefills through int8 1.5x slower than float32. The result is cached on disk under a key of everything that changes it
 (torch version, CPU model and instruction set, threads, dtype, shapes, candidate formats), so
 only the first start on a machine pays the ~1-3 s.
 """
@@ -30,7 +32,7 @@ from shared.worker.quant.linear import Dispatch
 
 logger = logging.getLogger(__name__)
 
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 PRUNE = 3.0     # a format this many times slower than dense at some size is not timed above it
 BUDGET_S = 10.0     # the most one measurement may take (a loaded machine stops it early)
 Shapes = list[tuple[int, int, int]]     # (out, in, how many layers of the model have it)

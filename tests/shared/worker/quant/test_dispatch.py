@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shared.worker.models.layers import Linear
+from shared.worker.native.build import load_native
 from shared.worker.quant import tuning
 from shared.worker.quant.formats import pack
 from shared.worker.quant.int4 import Int4
@@ -113,6 +114,15 @@ def test_tuned_dispatch_measures_once_then_reads_its_cache(tmp_path: Path,
     cached.write_text("not json")               # a broken cache is measured again, not fatal
     tuning.tuned_dispatch(model.arch, ["none", "int8"], torch.float32, tmp_path)   # timings vary
     assert len(calls) == 2 and set(json.loads(cached.read_text())) == {"none", "int8"}
+
+
+def test_timing_reaches_past_the_native_kernels(tmp_path: Path) -> None:
+    """Past the largest timed size the last winner keeps running, so the timing must see the
+    weight-only formats leave the native kernels for torch's (an int8 GEMV winning at 64 rows
+    says nothing about a 1,024-token prefill)."""
+    native = load_native(tmp_path)
+    assert native is not None
+    assert max(tuning.ROWS) > native.max_rows
 
 
 def test_linear_shapes_count_the_decoder_layers() -> None:
