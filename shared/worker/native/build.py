@@ -43,7 +43,8 @@ def _compiler() -> str | None:
 
 
 def build_key(cc: str, flags: list[str]) -> str:
-    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True).stdout.split("\n")[0]
+    done = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True)
+    version = done.stdout.split("\n")[0]
     texts = [p.read_text() for p in SOURCES + HEADERS]
     facts = "\n".join([*texts, cc, version, " ".join(flags)])
     return hashlib.sha256(facts.encode()).hexdigest()[:16]

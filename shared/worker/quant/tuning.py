@@ -7,9 +7,9 @@ one layer's worth of the model's real matmul shapes, at row counts 1..128, each 
 on random weights (past 128 rows the last winner keeps running: all formats there are
 compute-bound and their order stops changing). 128 is past the native kernels' 64 rows, where
 the weight-only formats fall back to torch's kernels: extending the 64-row winner instead ran
-1,024-token prefills through int8 1.5x slower than float32. The result is cached on disk under a key of everything that changes it
-(torch version, CPU model and instruction set, threads, dtype, shapes, candidate formats), so
-only the first start on a machine pays the ~1-3 s.
+1,024-token prefills through int8 1.5x slower than float32. The result is cached on disk under
+a key of everything that changes it (torch version, CPU model and instruction set, threads,
+dtype, shapes, candidate formats), so only the first start on a machine pays for it.
 """
 from __future__ import annotations
 
