@@ -25,17 +25,31 @@ from shared.worker.native.abi import Mat
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "attention.c", HERE / "decode.c"]
+SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "attention.c", HERE / "decode.c"]
 HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def isa_flags(capability: str | None = None) -> list[str]:
-    """Compiler flags for the instruction sets this CPU has (torch's own detection)."""
-    cap = capability or torch.backends.cpu.get_cpu_capability()
-    return list(_ISA_FLAGS.get(cap.split()[0].upper().replace("_", ""), []))
+    """Compiler flags for the instruction sets this CPU has (torch's own detection, plus
+    AVX512-VNNI from /proc/cpuinfo for the W8A8 kernel: torch reports AVX-512 without it)."""
+    cap = (capability or torch.backends.cpu.get_cpu_capability()).split()[0].upper().replace("_", "")
+    flags = list(_ISA_FLAGS.get(cap, []))
+    if cap == "AVX512" and capability is None and "avx512_vnni" in _cpu_flags():
+        flags.append("-mavx512vnni")
+    return flags
 
 
 def _compiler() -> str | None:
@@ -78,15 +92,17 @@ class NativeKernels:
         i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         # Every pointer is a c_void_p (tensor.data_ptr(), ctypes.addressof(struct)).
         lib.mat_gemm_small.argtypes = [ptr, ptr, i64, ptr, c_int]
+        lib.mat_gemm_w8a8.argtypes = [ptr, ptr, i64, ptr, c_int]
         lib.decode_forward.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, c_int]
         lib.paged_attention.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, c_int]
-        for f in (lib.mat_gemm_small, lib.decode_forward, lib.paged_attention):
+        for f in (lib.mat_gemm_small, lib.mat_gemm_w8a8, lib.decode_forward, lib.paged_attention):
             f.restype = c_int
         lib.native_isa.restype = ctypes.c_char_p
         self._lib = lib
         self.isa = lib.native_isa().decode()
         self.path = path
         self.max_rows: int = lib.native_max_rows()      # native.h's MAX_ROWS
+        self.vnni = bool(lib.native_has_vnni())         # W8A8 runs here (else torch's path)
 
     def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
         """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= max_rows)."""
@@ -97,6 +113,15 @@ class NativeKernels:
         if rc != 0:
             raise ValueError(f"gemm_small: {x.shape[0]} rows (at most {self.max_rows}) "
                              f"of a kind-{mat.kind} [{mat.n}, {mat.k}] weight")
+        return out
+
+    def gemm_w8a8(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
+        """x [M, K] float32 (any M) times a MAT_W8A8 weight -> [M, N] float32."""
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
+        if self._lib.mat_gemm_w8a8(ctypes.addressof(mat), x.data_ptr(), x.shape[0], out.data_ptr(),
+                                   num_threads) != 0:
+            raise ValueError(f"gemm_w8a8: {x.shape[0]} rows of a kind-{mat.kind} [{mat.n}, {mat.k}] weight")
         return out
 
     def decode_forward(self, *args: object) -> int:

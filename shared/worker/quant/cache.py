@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-_FIELDS = {"int8": ("qweight", "scale", "scale_f32"), "w8a8": ("qweight_t", "scale"),
+FORMAT_VERSION = 2      # 2: W8A8 in w8a8.c's blocks
+_FIELDS = {"int8": ("qweight", "scale", "scale_f32"), "w8a8": ("packed", "scale"),
            "int4": ("packed", "scale", "zero")}
 
 
@@ -105,7 +105,7 @@ def _format(fmt: str, weight: torch.Tensor, tensors: dict[str, torch.Tensor], pr
     if fmt == "int8":
         return Int8(t["qweight"], t["scale"], t["scale_f32"], native, threads)
     if fmt == "w8a8":
-        return W8A8(t["qweight_t"], t["scale"])
+        return W8A8(t["packed"], t["scale"], native, threads)
     if weight.shape[1] // Q4_GROUP > MAX_Q4_GROUPS:
         native = None                          # as Int4.from_float: past the native kernel
     return Int4(Q4Blocks(t["packed"], t["scale"], t["zero"]), native, threads)

@@ -1,6 +1,6 @@
 """The fused native decode step against the eager model on the same weights and caches: ragged
-contexts over shuffled blocks, every family's options (GQA, q/k/v bias, q/k norm), float32 and
-int8 weights, with and without the split of long contexts between threads."""
+contexts over shuffled blocks, every family's options (GQA, q/k/v bias, q/k norm), float32,
+int8, int4 and W8A8 weights, with and without the split of long contexts between threads."""
 from __future__ import annotations
 
 import pytest
@@ -90,13 +90,17 @@ def test_long_context_split_between_threads(native: NativeKernels, threads: int)
     run_both(tiny_model(torch.float32, seed=3, std=0.1), native, [700], 16, threads)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "w8a8"])
 def test_quantized_weights_match_the_eager_quantized_model(native: NativeKernels, fmt: str) -> None:
     # One layer: the int4 kernel rounds activations to int8, so a 1e-7 difference between the
     # eager and fused inputs of a later layer can flip a rounding and move its output by 1e-3.
     model = tiny_model(torch.float32, seed=5, std=0.1, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=1)
     quantize_model(model, Dispatch.single(fmt), torch.float32, native)
+    if fmt == "w8a8" and not native.vnni:       # no C path for W8A8 without VNNI: eager only
+        meta, num_blocks = decode_meta([12, 40, 7], 16, 0)
+        assert not FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2).can_run(meta)
+        return
     run_both(model, native, [12, 40, 7], 16, threads=2)
 
 
@@ -109,7 +113,7 @@ def test_steps_it_cannot_take(native: NativeKernels) -> None:
     assert fused.can_run(few)
     few.query_lens_list = [2, 1, 1, 1]                           # a prefill chunk among decodes
     assert not fused.can_run(few)
-    quantize_model(model, Dispatch.single("w8a8"), torch.float32)   # no C path for w8a8
+    quantize_model(model, Dispatch.single("bf16"), torch.float32)   # no C path for bf16
     small, _ = decode_meta([4], 16, 0)
     assert not FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2).can_run(small)
     bf16 = tiny_model(torch.bfloat16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.worker.quant.formats import KERNEL_DTYPE, W8A8, Dense, Int4, Int8, pack, quantize_rows
+from shared.worker.quant.formats import KERNEL_DTYPE, W8A8, Dense, Int4, Int8, pack, quantize_groups
 
 # Relative to the output's scale: the kernel alone (dequantized weight as the reference).
 KERNEL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -37,8 +37,8 @@ def test_matmul_matches_its_dequantized_weight(name: str, dtype: torch.dtype, ro
     assert y.dtype == dtype and y.shape == (rows, w.shape[0])
     xr = x.float()
     if name == "w8a8":             # its activations are quantized too: the reference is exact ints
-        qx, sx = quantize_rows(x)
-        xr = qx.float() * sx[:, None]
+        qx, sx = quantize_groups(x)          # per group of 32 along the input
+        xr = (qx.float().reshape(rows, -1, 32) * sx[..., None]).reshape(rows, -1)
     ref = xr @ fmt.dequantize().t()
     # The weight-only kernels multiply in KERNEL_DTYPE whatever the activations' dtype.
     kernel_dtype = KERNEL_DTYPE if name in ("int8", "int4") else dtype
@@ -73,6 +73,12 @@ def test_formats_are_smaller_than_bf16() -> None:
 def test_int4_refuses_in_features_off_the_group_size() -> None:
     with pytest.raises(ValueError, match="group size"):
         pack("int4", torch.randn(8, 40), torch.float32)
+
+
+@pytest.mark.parametrize("shape", [(24, 64), (16, 40)])
+def test_w8a8_refuses_shapes_off_its_blocks(shape: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="w8a8 needs"):
+        W8A8.from_float(torch.randn(*shape), torch.float32)
 
 
 def test_zero_rows_and_zero_weights_stay_finite() -> None:
