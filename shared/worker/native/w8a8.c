@@ -22,17 +22,19 @@
 typedef struct {
     int8_t *q;
     float *scale, *corr;
-    int64_t capacity;       /* rows * k the buffers hold */
+    int64_t capacity, rows;   /* rows * k the buffers hold, and rows corr holds */
 } XQ;
 
 static int reserve(XQ *xq, int64_t rows, int64_t k) {
-    if (rows * k <= xq->capacity) return 0;
+    if (rows * k <= xq->capacity && rows <= xq->rows) return 0;
     free(xq->q); free(xq->scale); free(xq->corr);
     xq->q = aligned_alloc(64, (size_t)((rows * k + 63) / 64 * 64));
     xq->scale = malloc(sizeof(float) * (size_t)(rows * k / W8_GROUP));
     xq->corr = malloc(sizeof(float) * (size_t)rows);
-    xq->capacity = xq->q && xq->scale && xq->corr ? rows * k : 0;
-    return xq->capacity ? 0 : -1;
+    const int ok = xq->q && xq->scale && xq->corr;
+    xq->capacity = ok ? rows * k : 0;
+    xq->rows = ok ? rows : 0;
+    return ok ? 0 : -1;
 }
 
 #ifdef __AVX512F__
