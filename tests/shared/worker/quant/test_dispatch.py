@@ -162,6 +162,20 @@ def test_a_format_far_behind_is_not_timed_at_larger_sizes(monkeypatch: pytest.Mo
     assert times["int8"][4] == float("inf") and tuning.dispatch_from(times).formats == ["none"]
 
 
+def test_a_shape_a_format_refuses_is_timed_as_the_float_weight(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tiny model's 48 columns are no multiple of w8a8's group of 32: the model keeps those
+    # layers dense, so the timing must too (it raised here and failed the engine's start).
+    timed: list[list[str]] = []
+
+    def fake_time(formats: list, xs: dict, m: int) -> float:
+        timed.append([f.name for f in formats])
+        return 1.0
+    monkeypatch.setattr(tuning, "_time_layers", fake_time)
+    times = tuning.measure([(48, 48, 1), (64, 64, 1)], ["none", "w8a8"], torch.float32, rows=(1,))
+    assert timed == [["none", "none"], ["none", "w8a8"]]
+    assert times["w8a8"][1] == 1.0
+
+
 def test_dense_dtype_follows_the_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
     arch = tiny_model(torch.float32).arch
     for fast in (torch.float32, torch.bfloat16):
