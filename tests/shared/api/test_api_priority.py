@@ -45,12 +45,15 @@ def _complete(srv: Server, priority: int, max_tokens: int) -> float:
 
 
 def test_the_waiting_request_with_the_lower_priority_value_runs_first(priority_server: Server) -> None:
+    # Client-side finish times: busy must outlast both arrivals (0.4 s) on a fast machine, and
+    # the short ones must take longer than a response's delivery to this client can lag behind
+    # the engine's next step (8 tokens once did not, with the core's threads on both cores).
     with ThreadPoolExecutor(3) as pool:
-        busy = pool.submit(_complete, priority_server, 0, 60)    # holds the only seat
+        busy = pool.submit(_complete, priority_server, 0, 200)   # holds the only seat
         time.sleep(0.2)
-        low = pool.submit(_complete, priority_server, 5, 8)
+        low = pool.submit(_complete, priority_server, 5, 32)
         time.sleep(0.2)
-        high = pool.submit(_complete, priority_server, -5, 8)    # arrives last, runs second
+        high = pool.submit(_complete, priority_server, -5, 32)   # arrives last, runs second
         assert busy.result() < high.result() < low.result()
 
 
