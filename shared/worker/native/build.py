@@ -25,8 +25,8 @@ from shared.worker.native.abi import Mat
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "attention.c", HERE / "decode.c"]
-HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h"]
+SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "q4v.c", HERE / "attention.c", HERE / "decode.c"]
+HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -102,7 +102,7 @@ class NativeKernels:
         self.isa = lib.native_isa().decode()
         self.path = path
         self.max_rows: int = lib.native_max_rows()      # native.h's MAX_ROWS
-        self.vnni = bool(lib.native_has_vnni())         # W8A8 runs here (else torch's path)
+        self.vnni = bool(lib.native_has_vnni())         # W8A8 and Q4V run here (else torch's path)
 
     def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
         """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= max_rows)."""
@@ -116,7 +116,7 @@ class NativeKernels:
         return out
 
     def gemm_w8a8(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
-        """x [M, K] float32 (any M) times a MAT_W8A8 weight -> [M, N] float32."""
+        """x [M, K] float32 (any M) times a MAT_W8A8 or MAT_Q4V weight -> [M, N] float32."""
         x = x.contiguous()
         out = torch.empty(x.shape[0], mat.n, dtype=torch.float32)
         if self._lib.mat_gemm_w8a8(ctypes.addressof(mat), x.data_ptr(), x.shape[0], out.data_ptr(),

@@ -153,6 +153,10 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
         w8a8_gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
+    if (mat->kind == MAT_Q4V) {
+        q4v_gemv_for(mat, x, rows, out, ldo, accumulate);
+        return;
+    }
 #ifdef __AVX2__
     if (mat->kind == MAT_INT8 && rows <= 2 && mat->k % Q4_GROUP == 0 && mat->k <= MAX_K) {
         int8q_gemv_for(mat, x, rows, out, ldo, accumulate);
@@ -179,7 +183,7 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
 int mat_gemm_small(const Mat *mat, const float *x, int64_t M, float *out, int nthreads) {
     if (M < 1 || M > MAX_ROWS) return -1;
     if (mat->kind == MAT_Q4 && (mat->k % Q4_GROUP || mat->k / Q4_GROUP > MAX_Q4_GROUPS)) return -1;
-    if (mat->kind == MAT_W8A8 && (mat->n % 16 || mat->k % W8_GROUP)) return -1;
+    if ((mat->kind == MAT_W8A8 || mat->kind == MAT_Q4V) && (mat->n % 16 || mat->k % W8_GROUP)) return -1;
     #pragma omp parallel num_threads(nthreads)
     gemv_for(mat, x, M, out, mat->n, 0);
     return 0;

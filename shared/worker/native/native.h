@@ -15,15 +15,17 @@
 #define MAX_ROWS 64         /* activation rows of the small-batch GEMV and the fused decode */
 #define ROW_CHUNK 8         /* rows per register tile: larger batches run in chunks of it */
 
-/* A weight matrix y = x W^T (+ bias), W [n, k] in one of four layouts (kind):
+/* A weight matrix y = x W^T (+ bias), W [n, k] in one of five layouts (kind):
  *   MAT_F32   w float32 [n, k]
  *   MAT_INT8  w int8 [n, k], W = w * scale[n] (float32 per output row)
  *   MAT_Q4    groups of Q4_GROUP along k, W = q * scale + zero (float16 [n, k / Q4_GROUP] each);
  *             w uint8 [n, k / 2]: per group 16 bytes, byte j holds q[j] (low nibble) and
  *             q[j + 16] (high nibble), the block layout of GGUF's Q4_1
  *   MAT_W8A8  W = (w - 128) * scale[n], w uint8 in 16-row blocks (w8a8.c), times activations
- *             rounded to int8 per W8_GROUP; n % 16 == 0, k % W8_GROUP == 0 */
-enum { MAT_F32 = 0, MAT_INT8 = 1, MAT_Q4 = 2, MAT_W8A8 = 3 };
+ *             rounded to int8 per W8_GROUP; n % 16 == 0, k % W8_GROUP == 0
+ *   MAT_Q4V   MAT_Q4's numbers in 16-row blocks for VNNI (q4v.c), scale holding d and z, times
+ *             activations rounded as MAT_W8A8's; n % 16 == 0, k % 32 == 0 */
+enum { MAT_F32 = 0, MAT_INT8 = 1, MAT_Q4 = 2, MAT_W8A8 = 3, MAT_Q4V = 4 };
 #define W8_GROUP 32
 #define Q4_GROUP 32
 #define MAX_Q4_GROUPS 128     /* k <= 4096: the per-thread activation copy lives on the stack */
@@ -40,6 +42,7 @@ typedef struct {
 void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
 void w8a8_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
 void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
+void q4v_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
 #define NT 4                /* weight rows per GEMV tile */
 
 /* One query row per (token, kv head): ``q`` [tokens, heads, dim] attends the first ctx[t] keys of

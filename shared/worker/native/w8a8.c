@@ -7,78 +7,15 @@
  * consecutive k of 16 output rows: what vpdpbusd (unsigned times signed bytes, 4 products into
  * each of 16 int32 lanes) multiplies with one broadcast int32 of 4 activation bytes, so a
  * register tile needs no horizontal sums. The +128 comes back out per activation row: 128 times
- * the sum of each group's q, times the group's scale (XQ.corr). scale: float32 [n].
+ * the sum of each group's q, times the group's scale (XQ.corr, xq.h). scale: float32 [n].
  * Without AVX512-VNNI a scalar loop computes the same (Python sends W8A8 to torch there). */
-#include <math.h>
-#include <stdlib.h>
 #include "native.h"
 #include "actq.h"
+#include "xq.h"
 
 #define LANES 16
 #define TILE_M 4            /* activation rows x weight blocks per register tile: 12 int32 + */
 #define TILE_B 3            /* 12 float accumulators and 3 weight vectors of the 32 zmm */
-
-/* Activation rows as the kernel reads them: q int8 [rows, k], scale [rows, k / W8_GROUP]. */
-typedef struct {
-    int8_t *q;
-    float *scale, *corr;
-    int64_t capacity, rows;   /* rows * k the buffers hold, and rows corr holds */
-} XQ;
-
-static int reserve(XQ *xq, int64_t rows, int64_t k) {
-    if (rows * k <= xq->capacity && rows <= xq->rows) return 0;
-    free(xq->q); free(xq->scale); free(xq->corr);
-    xq->q = aligned_alloc(64, (size_t)((rows * k + 63) / 64 * 64));
-    xq->scale = malloc(sizeof(float) * (size_t)(rows * k / W8_GROUP));
-    xq->corr = malloc(sizeof(float) * (size_t)rows);
-    const int ok = xq->q && xq->scale && xq->corr;
-    xq->capacity = ok ? rows * k : 0;
-    xq->rows = ok ? rows : 0;
-    return ok ? 0 : -1;
-}
-
-#ifdef __AVX512F__
-/* One group of 32: q, its sum, and the scale (AVX-512: two vectors). */
-static inline float round_group(const float *x, int8_t *q, int32_t *sum) {
-    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtsepi32_epi8(qb));
-    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-    return amax / 127.0f;
-}
-#else
-static inline float round_group(const float *x, int8_t *q, int32_t *sum) {
-    float amax = 0.0f;
-    for (int j = 0; j < W8_GROUP; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t s = 0;
-    for (int j = 0; j < W8_GROUP; j++) {
-        q[j] = (int8_t)lrintf(x[j] * inv);
-        s += q[j];
-    }
-    *sum = s;
-    return amax / 127.0f;
-}
-#endif
-
-static void quantize_row(const float *x, int64_t k, int8_t *q, float *scale, float *corr) {
-    float c = 0.0f;
-    for (int64_t g = 0; g < k / W8_GROUP; g++) {
-        int32_t sum;
-        scale[g] = round_group(x + g * W8_GROUP, q + g * W8_GROUP, &sum);
-        c += scale[g] * (float)(128 * sum);
-    }
-    *corr = c;
-}
-
-static void quantize_for(const float *x, int64_t rows, int64_t k, XQ *xq) {
-    #pragma omp for schedule(static)
-    for (int64_t m = 0; m < rows; m++)
-        quantize_row(x + m * k, k, xq->q + m * k, xq->scale + m * (k / W8_GROUP), xq->corr + m);
-}
 
 static inline float finish(const Mat *mat, const XQ *xq, int64_t m, int64_t n, float acc) {
     const float y = (acc - xq->corr[m]) * ((const float *)mat->scale)[n];
@@ -175,25 +112,26 @@ static __thread XQ thread_xq;
 
 void w8a8_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
     XQ *xq = &thread_xq;
-    if (reserve(xq, MAX_ROWS > rows ? MAX_ROWS : rows, MAX_K > mat->k ? MAX_K : mat->k))
+    if (xq_reserve(xq, MAX_ROWS > rows ? MAX_ROWS : rows, MAX_K > mat->k ? MAX_K : mat->k))
         abort();    /* no 256 KB for this thread: returning would leave the others at a barrier */
-    for (int64_t m = 0; m < rows; m++)
-        quantize_row(x + m * mat->k, mat->k, xq->q + m * mat->k, xq->scale + m * (mat->k / W8_GROUP),
-                     xq->corr + m);
+    for (int64_t m = 0; m < rows; m++) xq_row(xq, x, m, mat->k);
     tiles_for(mat, xq, rows, out, ldo, accumulate);
 }
 
-/* out [M, n] = x W^T for any M: the threads round the rows once, together, then multiply. */
+/* out [M, n] = x W^T for any M and a MAT_W8A8 or MAT_Q4V weight: the threads round the rows
+ * once, together, then multiply. */
 int mat_gemm_w8a8(const Mat *mat, const float *x, int64_t M, float *out, int nthreads) {
-    if (mat->kind != MAT_W8A8 || M < 1 || mat->n % LANES || mat->k % W8_GROUP) return -1;
+    if ((mat->kind != MAT_W8A8 && mat->kind != MAT_Q4V) || M < 1 || mat->n % LANES || mat->k % W8_GROUP)
+        return -1;
     XQ xq = {0};
-    if (reserve(&xq, M, mat->k)) return -1;
+    if (xq_reserve(&xq, M, mat->k)) return -1;
     #pragma omp parallel num_threads(nthreads)
     {
-        quantize_for(x, M, mat->k, &xq);
-        tiles_for(mat, &xq, M, out, mat->n, 0);
+        xq_rows_for(&xq, x, M, mat->k);
+        if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, &xq, M, out, mat->n, 0);
+        else tiles_for(mat, &xq, M, out, mat->n, 0);
     }
-    free(xq.q); free(xq.scale); free(xq.corr);
+    xq_free(&xq);
     return 0;
 }
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2      # 2: W8A8 in w8a8.c's blocks
+FORMAT_VERSION = 3      # 2: W8A8 in w8a8.c's blocks; 3: w8a8 stands in for an inexact int4
 _FIELDS = {"int8": ("qweight", "scale", "scale_f32"), "w8a8": ("packed", "scale"),
            "int4": ("packed", "scale", "zero")}
 

@@ -1,5 +1,6 @@
-"""int4 weights: GGUF Q4_1-layout blocks for the native kernel, torch's int4 pack built from
-them for larger batches (see formats.py for the other formats)."""
+"""int4 weights: GGUF Q4_1-layout blocks for the native kernels (q4.c; q4v.c's repacking of them
+where the CPU has AVX512-VNNI), torch's int4 pack built from them for larger batches (see
+formats.py for the other formats)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shared.worker.native.abi import MAT_Q4, MAX_Q4_GROUPS, Q4_GROUP, Mat
+from shared.worker.native.abi import MAT_Q4, MAT_Q4V, MAX_Q4_GROUPS, Q4_GROUP, Mat
 
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
@@ -55,16 +56,52 @@ class Q4Blocks:
 
 
 @dataclass
+class Q4VBlocks:
+    """The same numbers in q4v.c's 16-row blocks (see its header): one 64-byte vector is 4
+    consecutive input channels (and the 4 sixteen channels on) of 16 output rows."""
+
+    packed: torch.Tensor                # uint8 [N / 16, K / 32, 4, 16, 4]
+    scale_zero: torch.Tensor            # float16 [N / 16, K / 32, 2, 16]
+    mat: Mat = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        blocks, groups = self.packed.shape[:2]
+        self.mat = Mat(self.packed.data_ptr(), self.scale_zero.data_ptr(), None, None,
+                       16 * blocks, Q4_GROUP * groups, MAT_Q4V)
+
+    @classmethod
+    def from_blocks(cls, b: Q4Blocks) -> Q4VBlocks:
+        n, g = b.scale.shape
+        pairs = b.packed.view(n, g, 16)
+        q = torch.cat([pairs & 15, pairs >> 4], dim=-1)                       # [N, G, 32]
+        q = q.view(n // 16, 16, g, 8, 4).permute(0, 2, 3, 1, 4)              # [B, G, 8, 16, 4]
+        packed = (q[:, :, :4] | (q[:, :, 4:] << 4)).contiguous()
+        sz = torch.stack([t.view(n // 16, 16, g).permute(0, 2, 1) for t in (b.scale, b.zero)], dim=2)
+        return cls(packed, sz.contiguous())
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + 2 * self.scale_zero.numel()
+
+
+@dataclass
 class Int4:
-    """The weight as Q4 blocks. Float32 batches of up to ``native.max_rows`` rows run the native
-    Q4 kernel; the rest torch's int4 kernel on a pack built from the same blocks on first use
-    (a decode-only int4 under ``auto`` never builds it)."""
+    """The weight as Q4 blocks. Where the native kernels have VNNI, float32 batches of any size
+    run q4v.c on a repacked copy (the blocks stay for the cache and the exactness check);
+    elsewhere batches of up to ``native.max_rows`` rows run q4.c, and the rest torch's int4
+    kernel on a pack built from the same blocks on first use (a decode-only int4 under ``auto``
+    never builds it)."""
 
     blocks: Q4Blocks
     native: NativeKernels | None = None
     num_threads: int = 1
     name: str = "int4"
     _torch_pack: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    vnni: Q4VBlocks | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.vnni is None and self.native is not None and self.native.vnni:
+            self.vnni = Q4VBlocks.from_blocks(self.blocks)
 
     @classmethod
     def from_float(cls, w: torch.Tensor, dtype: torch.dtype,
@@ -80,6 +117,8 @@ class Int4:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         native = self.native
+        if self.vnni is not None and native is not None and x.dtype == torch.float32:
+            return native.gemm_w8a8(self.vnni.mat, x, self.num_threads)
         if native is not None and x.dtype == torch.float32 and x.shape[0] <= native.max_rows:
             return native.gemm_small(self.blocks.mat, x, self.num_threads)
         packed, scales_zeros = self.torch_pack()
@@ -112,7 +151,9 @@ class Int4:
     @property
     def nbytes(self) -> int:
         extra = 0 if self._torch_pack is None else sum(t.nbytes for t in self._torch_pack)
-        return self.blocks.nbytes + extra
+        return self.blocks.nbytes + extra + (0 if self.vnni is None else self.vnni.nbytes)
 
     def native_mat(self) -> Mat | None:
-        return self.blocks.mat if self.native is not None else None
+        if self.native is None:
+            return None
+        return self.blocks.mat if self.vnni is None else self.vnni.mat

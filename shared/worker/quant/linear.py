@@ -80,7 +80,8 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
                    native: NativeKernels | None = None, exact_int4: bool = False) -> int:
     """Swap every ``Linear`` (lm_head included) for a ``QuantLinear`` holding the formats
     ``dispatch`` uses; returns the bytes of all linear weights afterwards. ``exact_int4``: a
-    layer whose weight int4 does not hold exactly takes int8 where the dispatch says int4.
+    layer whose weight int4 does not hold exactly takes w8a8 (if the dispatch has it) or int8
+    where the dispatch says int4.
 
     The dense float weights are dropped unless a format needs them; a tied lm_head's dense
     weight is the embedding table, which stays for the lookup anyway.
@@ -94,10 +95,13 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
         layer_dispatch = dispatch
         int4 = formats.get("int4")
         if exact_int4 and isinstance(int4, Int4) and not int4.is_exact_for(weight):
-            logger.info("%s: int4 would lose precision here, int8 instead", name)
-            layer_dispatch = dispatch.renamed("int4", "int8")
+            # W8A8 where the dispatch runs it anywhere (it measured fast on this CPU: the
+            # lm_head at one row takes half int8's time on VNNI), else int8 weight-only.
+            stand_in = "w8a8" if "w8a8" in dispatch.formats else "int8"
+            logger.info("%s: int4 would lose precision here, %s instead", name, stand_in)
+            layer_dispatch = dispatch.renamed("int4", stand_in)
             del formats["int4"]
-            formats.setdefault("int8", _pack_or_dense("int8", weight, dtype, name, native))
+            formats.setdefault(stand_in, _pack_or_dense(stand_in, weight, dtype, name, native))
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         layer = QuantLinear(formats, bias, layer_dispatch)
         parent_name, _, attr = name.rpartition(".")

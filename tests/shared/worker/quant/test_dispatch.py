@@ -252,3 +252,13 @@ def test_auto_takes_int4_only_for_a_4bit_checkpoint_and_only_where_exact(
     # The (tied) lm_head is a float weight int4 would round: int8 there instead.
     lm_head = model.lm_head
     assert lm_head.dispatch.format_for(1) == "int8" and set(lm_head.formats) == {"int8", "none"}
+    # With w8a8 in the dispatch (a VNNI CPU), it stands in for int4 instead.
+    monkeypatch.setattr("shared.worker.quant.policy.tuned_dispatch", lambda *a: Dispatch(
+        ((8, "int4"), (64, "w8a8"), (sys.maxsize, "none"))))
+    model = helpers.tiny_model(torch.float32, std=0.05, hidden_size=64, intermediate_size=128,
+                               num_attention_heads=4, vocab_size=128)
+    _as_int4_checkpoint(model)
+    apply_quantization(model, "auto", torch.float32, torch.device("cpu"), None)
+    assert model.layers[0].mlp.down_proj.dispatch.format_for(1) == "int4"
+    lm_head = model.lm_head
+    assert lm_head.dispatch.format_for(1) == "w8a8" and set(lm_head.formats) == {"w8a8", "none"}
