@@ -28,14 +28,18 @@ class AsyncEngine(EngineFrontend):
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int = 256) -> None:
         path = resolve_model(config.model.model)
-        # One process: the core's trace events carry this process's name too.
-        self.core = EngineCore(config, path, tracer=Tracer(self.process_name))
-        super().__init__(Tokenizer(path), self.core.model_info, max_waiting_requests)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         # Always the same thread: OpenMP keeps a thread team per calling thread, and the idle
         # team of a second caller spins beside the team doing the forward.
         self._forward_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="v0-forward")
+        # The core is built there too: its start-up runs the native kernels (tuning, warm-up),
+        # and a team left on the loop's thread makes libgomp count more threads than cores and
+        # throttle every barrier's spin (a batch-1 decode step measured 3x slower).
+        # One process: the core's trace events carry this process's name too.
+        self.core = self._forward_thread.submit(
+            EngineCore, config, path, tracer=Tracer(self.process_name)).result()
+        super().__init__(Tokenizer(path), self.core.model_info, max_waiting_requests)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     def _submit(self, request: EngineCoreRequest) -> None:
         if request.trace:

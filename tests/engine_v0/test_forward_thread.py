@@ -55,3 +55,40 @@ def test_every_forward_runs_on_the_same_non_loop_thread(tiny_dir: Path) -> None:
     assert len(threads) >= 6
     assert len({t.ident for t in threads}) == 1
     assert threads[0] is not loop_thread and threads[0].name.startswith("v0-forward")
+
+
+def test_the_core_is_built_on_the_forward_thread(tiny_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up runs native kernels (tuning, warm-up): on the loop's thread they would leave a
+    second OpenMP team behind, and libgomp then throttles the forward's barriers."""
+    import engine_v0.async_engine as v0
+
+    built_on: list[threading.Thread] = []
+
+    class RecordingCore(v0.EngineCore):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            built_on.append(threading.current_thread())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(v0, "EngineCore", RecordingCore)
+    config = EngineConfig(model=ModelConfig(model=str(tiny_dir), dtype="float32",
+                                            quantization="none", num_threads=1))
+    engine = AsyncEngine(config)
+    forward_threads: list[threading.Thread] = []
+    run_forward = engine.core.run_forward
+
+    def recording_forward(batch: StepBatch) -> torch.Tensor:
+        forward_threads.append(threading.current_thread())
+        return run_forward(batch)
+
+    engine.core.run_forward = recording_forward
+
+    async def main() -> list[int]:
+        try:
+            return await _collect(engine, "r0", [5, 6, 7, 8])
+        finally:
+            await engine.shutdown()
+
+    assert len(asyncio.run(main())) == 6
+    assert built_on and built_on[0] is not threading.main_thread()
+    assert {t.ident for t in forward_threads} == {built_on[0].ident}
