@@ -3,11 +3,12 @@
 ``--quantization auto`` needs the crossover between, say, int8 weight-only GEMV (memory-bound,
 fast at one row) and dense bf16 GEMM (fast at many rows). It differs between the CPUs this
 project runs on (AVX-512 with bf16 one day, AVX2 the next), so it is measured, not guessed:
-one layer's worth of the model's real matmul shapes, at row counts 1..128, each format timed
-on random weights (past 128 rows the last winner keeps running: all formats there are
+one layer's worth of the model's real matmul shapes, at row counts 1..256, each format timed
+on random weights (past 256 rows the last winner keeps running: all formats there are
 compute-bound and their order stops changing). 128 is past the native kernels' 64 rows, where
 the weight-only formats fall back to torch's kernels: extending the 64-row winner instead ran
-1,024-token prefills through int8 1.5x slower than float32. The result is cached on disk under
+1,024-token prefills through int8 1.5x slower than float32. 256 because on an Intel Xeon with
+AMX, bf16 ties W8A8 at 128 rows and wins by 1.3x at 256: prefill chunks there run bf16. The result is cached on disk under
 a key of everything that changes it (torch version, CPU model and instruction set, threads,
 dtype, shapes, candidate formats), so only the first start on a machine pays for it.
 """
@@ -32,7 +33,7 @@ from shared.worker.quant.linear import Dispatch
 
 logger = logging.getLogger(__name__)
 
-ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PRUNE = 3.0     # a format this many times slower than dense at some size is not timed above it
 BUDGET_S = 10.0     # the most one measurement may take (a loaded machine stops it early)
 Shapes = list[tuple[int, int, int]]     # (out, in, how many layers of the model have it)
