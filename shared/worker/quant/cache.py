@@ -24,7 +24,7 @@ from torch import nn
 from shared.worker.models.layers import Linear
 from shared.worker.quant.formats import W8A8, Int8, WeightFormat, pack
 from shared.worker.quant.int4 import MAX_Q4_GROUPS, Q4_GROUP, Int4, Q4Blocks
-from shared.worker.quant.linear import Dispatch, QuantLinear
+from shared.worker.quant.linear import Dispatch, QuantLinear, pack_or_dense
 
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 3      # 2: W8A8 in w8a8.c's blocks; 3: w8a8 stands in for an inexact int4
 _FIELDS = {"int8": ("qweight", "scale", "scale_f32"), "w8a8": ("packed", "scale"),
            "int4": ("packed", "scale", "zero")}
+_PACKED = {"int8": Int8, "w8a8": W8A8, "int4": Int4}
 
 
 def cache_key(checkpoint_files: list[Path], dispatch: Dispatch, dtype: torch.dtype,
@@ -53,7 +54,9 @@ def save(model: nn.Module, path: Path) -> None:
             continue
         layers[name] = [list(r) for r in module.dispatch.ranges]
         for fmt, f in module.formats.items():
-            for field in _FIELDS.get(fmt, ()):
+            if not isinstance(f, _PACKED.get(fmt, ())):
+                continue    # float weights, or a shape the format refused: rebuilt on load
+            for field in _FIELDS[fmt]:
                 src = f.blocks if isinstance(f, Int4) else f
                 tensors[f"{name}|{fmt}|{field}"] = getattr(src, field).contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +103,8 @@ def _format(fmt: str, weight: torch.Tensor, tensors: dict[str, torch.Tensor], pr
             dtype: torch.dtype, native: NativeKernels | None) -> WeightFormat:
     if fmt not in _FIELDS:
         return pack(fmt, weight, dtype)       # float formats: a cast of the loaded weight
+    if f"{prefix}|{_FIELDS[fmt][0]}" not in tensors:    # not stored: the format refused the shape
+        return pack_or_dense(fmt, weight, dtype, native)
     t = {field: tensors[f"{prefix}|{field}"] for field in _FIELDS[fmt]}
     threads = torch.get_num_threads()
     if fmt == "int8":

@@ -91,7 +91,7 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
         if not isinstance(module, Linear):
             continue
         weight = module.weight.detach()
-        formats = {f: _pack_or_dense(f, weight, dtype, name, native) for f in dispatch.formats}
+        formats = {f: pack_or_dense(f, weight, dtype, native, name) for f in dispatch.formats}
         layer_dispatch = dispatch
         int4 = formats.get("int4")
         if exact_int4 and isinstance(int4, Int4) and not int4.is_exact_for(weight):
@@ -101,7 +101,7 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
             logger.info("%s: int4 would lose precision here, %s instead", name, stand_in)
             layer_dispatch = dispatch.renamed("int4", stand_in)
             del formats["int4"]
-            formats.setdefault(stand_in, _pack_or_dense(stand_in, weight, dtype, name, native))
+            formats.setdefault(stand_in, pack_or_dense(stand_in, weight, dtype, native, name))
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         layer = QuantLinear(formats, bias, layer_dispatch)
         parent_name, _, attr = name.rpartition(".")
@@ -110,11 +110,13 @@ def quantize_model(model: nn.Module, dispatch: Dispatch, dtype: torch.dtype,
     return total
 
 
-def _pack_or_dense(fmt: str, weight: torch.Tensor, dtype: torch.dtype, layer: str,
-                   native: NativeKernels | None) -> WeightFormat:
-    """A shape the format cannot hold (e.g. int4 on an odd vocabulary) keeps its float weight."""
+def pack_or_dense(fmt: str, weight: torch.Tensor, dtype: torch.dtype,
+                  native: NativeKernels | None, layer: str | None = None) -> WeightFormat:
+    """A shape the format cannot hold (e.g. int4 on an odd vocabulary, w8a8 on 48 columns)
+    keeps its float weight, under the format's name in the layer's dispatch."""
     try:
         return pack(fmt, weight, dtype, native)
     except ValueError as exc:
-        logger.info("%s stays unquantized: %s", layer, exc)
+        if layer is not None:
+            logger.info("%s stays unquantized: %s", layer, exc)
         return pack("none", weight, dtype)

@@ -28,8 +28,7 @@ import torch
 
 from shared.worker.models.arch_config import ArchConfig
 from shared.worker.native.build import NativeKernels
-from shared.worker.quant.formats import WeightFormat, pack
-from shared.worker.quant.linear import Dispatch
+from shared.worker.quant.linear import Dispatch, pack_or_dense
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +91,8 @@ def measure(shapes: Shapes, candidates: list[str], dtype: torch.dtype,
     size is timed; the dispatch then extends the last measured winner.
     """
     gen = torch.Generator().manual_seed(0)
-    layers = {name: [_pack_as_model(name, torch.randn(n, k, generator=gen) * 0.02, dtype, native)
+    # A shape a format refuses is timed as the float weight the quantized model keeps for it.
+    layers = {name: [pack_or_dense(name, torch.randn(n, k, generator=gen) * 0.02, dtype, native)
                      for n, k, c in shapes for _ in range(c)] for name in candidates}
     out: dict[str, dict[int, float]] = {name: {} for name in candidates}
     alive, deadline = list(candidates), time.perf_counter() + budget_s
@@ -108,16 +108,6 @@ def measure(shapes: Shapes, candidates: list[str], dtype: torch.dtype,
         ref = out["none"][m] if "none" in out else min(out[name][m] for name in candidates)
         alive = [name for name in alive if name == "none" or out[name][m] <= PRUNE * ref]
     return out
-
-
-def _pack_as_model(name: str, w: torch.Tensor, dtype: torch.dtype,
-                   native: NativeKernels | None) -> WeightFormat:
-    """A shape the format refuses (w8a8 on a tiny model's 48 columns) is timed as the float
-    weight the quantized model keeps for it."""
-    try:
-        return pack(name, w, dtype, native)
-    except ValueError:
-        return pack("none", w, dtype)
 
 
 def _time_layers(layers: list, xs: dict[int, torch.Tensor], m: int) -> float:
