@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "q4v.c", HERE / "attention.c", HERE / "decode.c"]
-HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h"]
+HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h", HERE / "tiles.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}

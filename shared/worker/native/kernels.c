@@ -149,12 +149,8 @@ void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t 
         q4_gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
-    if (mat->kind == MAT_W8A8) {
+    if (mat->kind == MAT_W8A8 || mat->kind == MAT_Q4V) {      /* int8 activations, xq.h */
         w8a8_gemv_for(mat, x, rows, out, ldo, accumulate);
-        return;
-    }
-    if (mat->kind == MAT_Q4V) {
-        q4v_gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
 #ifdef __AVX2__

@@ -40,9 +40,9 @@ typedef struct {
 
 /* out[m, :] (= or +=) x[m, :] W^T for m < rows, the n output columns split between threads. */
 void gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
+/* MAT_W8A8 or MAT_Q4V: int8 activations (xq.h) through w8a8.c or q4v.c. */
 void w8a8_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
 void q4_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
-void q4v_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate);
 #define NT 4                /* weight rows per GEMV tile */
 
 /* One query row per (token, kv head): ``q`` [tokens, heads, dim] attends the first ctx[t] keys of

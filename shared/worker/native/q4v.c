@@ -105,34 +105,5 @@ static void tile(const Mat *mat, const XQ *xq, int64_t m0, const int M, int64_t 
 }
 #endif
 
-static inline __attribute__((always_inline)) void column(const Mat *mat, const XQ *xq, int64_t rows,
-                                                        int64_t b0, const int NB, float *out,
-                                                        int64_t ldo, int accumulate) {
-    int64_t m0 = 0;
-    for (; m0 + TILE_M <= rows; m0 += TILE_M) tile(mat, xq, m0, TILE_M, b0, NB, out, ldo, accumulate);
-    switch (rows - m0) {
-    case 3: tile(mat, xq, m0, 3, b0, NB, out, ldo, accumulate); break;
-    case 2: tile(mat, xq, m0, 2, b0, NB, out, ldo, accumulate); break;
-    case 1: tile(mat, xq, m0, 1, b0, NB, out, ldo, accumulate); break;
-    default: break;
-    }
-}
-
-void q4v_tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc) {
-    const int64_t blocks = mat->n / LANES, panels = blocks / TILE_B;
-    #pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < panels; i++) column(mat, xq, rows, i * TILE_B, TILE_B, out, ldo, acc);
-    #pragma omp single
-    for (int64_t b = panels * TILE_B; b < blocks; b++) column(mat, xq, rows, b, 1, out, ldo, acc);
-}
-
-/* Inside the fused decode step, as w8a8_gemv_for: each thread rounds the rows into its own buffer. */
-static __thread XQ thread_xq;
-
-void q4v_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo, int accumulate) {
-    XQ *xq = &thread_xq;
-    if (xq_reserve(xq, MAX_ROWS > rows ? MAX_ROWS : rows, 4096 > mat->k ? 4096 : mat->k))
-        abort();    /* no 256 KB for this thread: returning would leave the others at a barrier */
-    for (int64_t m = 0; m < rows; m++) xq_row(xq, x, m, mat->k);
-    q4v_tiles_for(mat, xq, rows, out, ldo, accumulate);
-}
+#define TILES_FOR q4v_tiles_for
+#include "tiles.h"

@@ -83,28 +83,8 @@ static void tile(const Mat *mat, const XQ *xq, int64_t m0, const int M, int64_t 
 }
 #endif
 
-/* Weight blocks [b0, b0 + NB) for every activation row: TILE_M rows at a time, then the rest. */
-static inline __attribute__((always_inline)) void column(const Mat *mat, const XQ *xq, int64_t rows,
-                                                        int64_t b0, const int NB, float *out,
-                                                        int64_t ldo, int accumulate) {
-    int64_t m0 = 0;
-    for (; m0 + TILE_M <= rows; m0 += TILE_M) tile(mat, xq, m0, TILE_M, b0, NB, out, ldo, accumulate);
-    switch (rows - m0) {
-    case 3: tile(mat, xq, m0, 3, b0, NB, out, ldo, accumulate); break;
-    case 2: tile(mat, xq, m0, 2, b0, NB, out, ldo, accumulate); break;
-    case 1: tile(mat, xq, m0, 1, b0, NB, out, ldo, accumulate); break;
-    default: break;
-    }
-}
-
-/* The weight blocks split between the threads; ends at a barrier (the single). */
-static void tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc) {
-    const int64_t blocks = mat->n / LANES, panels = blocks / TILE_B;
-    #pragma omp for schedule(static) nowait
-    for (int64_t i = 0; i < panels; i++) column(mat, xq, rows, i * TILE_B, TILE_B, out, ldo, acc);
-    #pragma omp single
-    for (int64_t b = panels * TILE_B; b < blocks; b++) column(mat, xq, rows, b, 1, out, ldo, acc);
-}
+#define TILES_FOR w8a8_tiles_for
+#include "tiles.h"
 
 /* Inside the fused decode step: every thread rounds the (at most MAX_ROWS) rows itself into its
  * own buffer, which costs less than a barrier; the buffer lives as long as the thread. */
@@ -115,7 +95,8 @@ void w8a8_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int
     if (xq_reserve(xq, MAX_ROWS > rows ? MAX_ROWS : rows, MAX_K > mat->k ? MAX_K : mat->k))
         abort();    /* no 256 KB for this thread: returning would leave the others at a barrier */
     for (int64_t m = 0; m < rows; m++) xq_row(xq, x, m, mat->k);
-    tiles_for(mat, xq, rows, out, ldo, accumulate);
+    if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, xq, rows, out, ldo, accumulate);
+    else w8a8_tiles_for(mat, xq, rows, out, ldo, accumulate);
 }
 
 /* out [M, n] = x W^T for any M and a MAT_W8A8 or MAT_Q4V weight: the threads round the rows
@@ -129,7 +110,7 @@ int mat_gemm_w8a8(const Mat *mat, const float *x, int64_t M, float *out, int nth
     {
         xq_rows_for(&xq, x, M, mat->k);
         if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, &xq, M, out, mat->n, 0);
-        else tiles_for(mat, &xq, M, out, mat->n, 0);
+        else w8a8_tiles_for(mat, &xq, M, out, mat->n, 0);
     }
     xq_free(&xq);
     return 0;

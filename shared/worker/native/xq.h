@@ -18,7 +18,9 @@ typedef struct {
     int64_t capacity, rows;   /* rows * k the buffers hold, and rows corr holds */
 } XQ;
 
-/* q4v.c's register tiles over rounded rows (an orphaned omp for; ends at a barrier). */
+/* w8a8.c's and q4v.c's register tiles over rounded rows (tiles.h: an orphaned omp for that
+ * ends at a barrier). */
+void w8a8_tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc);
 void q4v_tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc);
 
 static inline void xq_free(XQ *xq) {
