@@ -29,10 +29,8 @@ async def _collect(engine: AsyncEngine, rid: str, prompt: list[int]) -> list[int
     return tokens
 
 
-def test_every_forward_runs_on_the_same_non_loop_thread(tiny_dir: Path) -> None:
-    config = EngineConfig(model=ModelConfig(model=str(tiny_dir), dtype="float32",
-                                            quantization="none", num_threads=1))
-    engine = AsyncEngine(config)
+def _record_forwards(engine: AsyncEngine) -> list[threading.Thread]:
+    """The thread of every forward ``engine`` runs from now on."""
     threads: list[threading.Thread] = []
     run_forward = engine.core.run_forward
 
@@ -41,6 +39,14 @@ def test_every_forward_runs_on_the_same_non_loop_thread(tiny_dir: Path) -> None:
         return run_forward(batch)
 
     engine.core.run_forward = recording_forward
+    return threads
+
+
+def test_every_forward_runs_on_the_same_non_loop_thread(tiny_dir: Path) -> None:
+    config = EngineConfig(model=ModelConfig(model=str(tiny_dir), dtype="float32",
+                                            quantization="none", num_threads=1))
+    engine = AsyncEngine(config)
+    threads = _record_forwards(engine)
 
     async def main() -> tuple[list[list[int]], threading.Thread]:
         # Other work on the default executor must not move the forward to another thread.
@@ -74,14 +80,7 @@ def test_the_core_is_built_on_the_forward_thread(tiny_dir: Path,
     config = EngineConfig(model=ModelConfig(model=str(tiny_dir), dtype="float32",
                                             quantization="none", num_threads=1))
     engine = AsyncEngine(config)
-    forward_threads: list[threading.Thread] = []
-    run_forward = engine.core.run_forward
-
-    def recording_forward(batch: StepBatch) -> torch.Tensor:
-        forward_threads.append(threading.current_thread())
-        return run_forward(batch)
-
-    engine.core.run_forward = recording_forward
+    forward_threads = _record_forwards(engine)
 
     async def main() -> list[int]:
         try:
