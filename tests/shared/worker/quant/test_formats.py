@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.worker.quant.formats import KERNEL_DTYPE, W8A8, Dense, Int4, Int8, pack, quantize_groups
+from shared.worker.quant.formats import (
+    KERNEL_DTYPE,
+    W8A8,
+    Dense,
+    Int4,
+    Int8,
+    bucket_rows,
+    pack,
+    quantize_groups,
+)
 
 # Relative to the output's scale: the kernel alone (dequantized weight as the reference).
 KERNEL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -87,3 +96,27 @@ def test_zero_rows_and_zero_weights_stay_finite() -> None:
     for name in ("int8", "int4", "w8a8"):
         y = pack(name, w, torch.float32).matmul(x)
         assert torch.isfinite(y).all() and (y == 0).all(), name
+
+
+def test_bucket_rows_pads_at_most_an_eighth_past_128_rows() -> None:
+    assert [bucket_rows(m) for m in (1, 77, 128)] == [1, 77, 128]
+    buckets = {bucket_rows(m) for m in range(129, 1025)}
+    assert len(buckets) <= 32                    # a bounded set of GEMM shapes for oneDNN
+    for m in range(129, 4097):
+        assert m <= bucket_rows(m) <= m * 1.125
+    assert bucket_rows(1024) == 1024 and bucket_rows(1000) == 1024 and bucket_rows(129) == 144
+
+
+@pytest.mark.parametrize("fmt_name", ["bf16", "dense-bf16"])
+@pytest.mark.parametrize("rows", [129, 200, 256])
+def test_padded_bf16_rows_give_the_unpadded_product(fmt_name: str, rows: int) -> None:
+    w = _weight(n=64, k=96)
+    dtype = torch.float32 if fmt_name == "bf16" else torch.bfloat16
+    fmt = pack("bf16", w, dtype) if fmt_name == "bf16" else Dense(w.bfloat16())
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
+    y = fmt.matmul(x)
+    assert y.dtype == dtype and y.shape == (rows, 64) and y.is_contiguous()
+    ref = x.bfloat16().float() @ fmt.dequantize().t()
+    assert _rel(y.float(), ref) < KERNEL_TOL[torch.bfloat16]
+    # every row its own: a padded row shifted into the result would break the last rows
+    assert _rel(y[-1:].float(), ref[-1:]) < KERNEL_TOL[torch.bfloat16]
