@@ -81,7 +81,7 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     rows = bucket_rows(m)
     if rows == m:
         return F.linear(x.to(torch.bfloat16), w)
-    padded = torch.empty((rows, x.shape[1]), dtype=torch.bfloat16)
+    padded = torch.empty((rows, x.shape[1]), dtype=torch.bfloat16, device=x.device)
     padded[:m].copy_(x)
     padded[m:].zero_()
     return F.linear(padded, w)[:m]
