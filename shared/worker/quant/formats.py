@@ -76,7 +76,7 @@ def bf16_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x @ w^T`` in bf16 on the CPU, rows padded to ``bucket_rows``: oneDNN builds a kernel
     for every new row count (4 ms against 0.7 for a warm 1,000 x 576 x 1,536 GEMM on an AMX
     Xeon), and prefill chunks come in any size, so unpadded the first prefill of each length
-    ran 29% slower per token. Padding float32 activations costs nothing: the cast copies anyway."""
+    ran 23-29% slower per token. Padding float32 activations costs nothing: the cast copies anyway."""
     m = x.shape[0]
     rows = bucket_rows(m)
     if rows == m:
