@@ -65,6 +65,10 @@ class SchedulerConfig:
     # Most tokens of one prompt computed per step (0: up to the whole budget): a long prompt
     # then fills in several steps while running requests keep decoding at a steady pace.
     long_prefill_token_threshold: int = 0
+    # While requests decode, prompt tokens per step are capped so that a step takes at most
+    # about this many times a decode-only step, from the engine's own step times (0: off;
+    # off by default: on the AMX Xeon it cost W1 11-20% of its throughput, README).
+    prefill_step_ratio: float = 0.0
     scheduling_policy: str = "fcfs"   # fcfs | priority (lower request priority runs first)
     debug_fail_request_seed: int | None = None  # testing only: requests with this seed fail
 
@@ -75,6 +79,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
+        if self.prefill_step_ratio != 0 and self.prefill_step_ratio <= 1:
+            raise ValueError("prefill_step_ratio must be 0 (off) or > 1")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be fcfs or priority, not {self.scheduling_policy!r}")
 

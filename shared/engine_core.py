@@ -136,6 +136,7 @@ class EngineCore:
         runner_out = self.model_runner.sample(batch.model_input, logits)
         t1 = time.perf_counter()
         outputs = self.scheduler.update_from_output(batch.sched, runner_out)
+        self.scheduler.observe_step(batch.sched, batch.times.forward)
         batch.times.sample = t1 - t0
         batch.times.update = time.perf_counter() - t1
         return self._outputs(outputs, batch.times)

@@ -22,6 +22,9 @@ HELP = {
     "max_num_batched_tokens": "token budget of one engine step",
     "long_prefill_token_threshold": "most tokens of one prompt computed per step (0: the whole "
                                     "budget); smaller keeps decodes steady while long prompts fill",
+    "prefill_step_ratio": "while requests decode, cap a step's prompt tokens so the step takes at "
+                          "most about this many times a decode-only step, learnt from the "
+                          "engine's step times (0: off, prompts get the whole budget)",
     "scheduling_policy": "fcfs | priority: priority admits waiting requests by (priority, arrival) "
                          "and preempts the lowest-priority, newest running one first; fcfs "
                          "refuses a request priority other than 0",
