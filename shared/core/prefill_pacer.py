@@ -8,7 +8,7 @@ largest that keeps such a step within ``ratio`` times a decode-only step:
 
     decode-only forward 35 ms, ratio 2: target 70 ms
     a step with 128 prompt tokens took 140 ms  ->  cap 128 * 70 / 140 = 64
-    a step with 64 prompt tokens took 60 ms    ->  cap 64 * 1.25 = 80   (room: grow slowly)
+    a step with 64 prompt tokens took 60 ms    ->  cap 64 * 1.25 + 1 = 81   (room: grow slowly)
 
 A mixed step is not linear in its prompt tokens (it leaves the fused decode path, and the GEMM
 kernel changes with the row count), hence a controller on measured steps, not a cost model.
