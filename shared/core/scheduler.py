@@ -20,7 +20,7 @@ from shared.config import CacheConfig, SchedulerConfig
 from shared.core.admission import check_fits, max_output_tokens
 from shared.core.kv_cache import KVCacheManager
 from shared.core.prefill_fork import prefill_leader
-from shared.core.prefill_pacer import PrefillPacer
+from shared.core.prefill_pacer import DEFAULT_FLOOR, PrefillPacer
 from shared.core.queue_policy import QueuePolicy
 from shared.core.request import Request, RequestStatus
 from shared.core.sched_trace import trace_finished, trace_queued, trace_sampled, trace_scheduled
@@ -30,9 +30,6 @@ from shared.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 from shared.trace.tracer import Tracer
 
 logger = logging.getLogger(__name__)
-# Fewest prompt tokens a step carries beside decodes when the pacer caps them: as a threshold
-# of 64 measured on a 2-core AMX Xeon (long workload p99 ratio 1.85x, TTFT 1.8x).
-_PACED_FLOOR = 64
 
 
 class Scheduler:
@@ -48,7 +45,7 @@ class Scheduler:
         self._chunk_cap = cfg.long_prefill_token_threshold or cfg.max_num_batched_tokens
         # Prompt tokens a step may carry while others decode (the engine feeds it step times).
         budget = cfg.max_num_batched_tokens
-        self.pacer = PrefillPacer(cfg.prefill_step_ratio, min(_PACED_FLOOR, budget), budget)
+        self.pacer = PrefillPacer(cfg.prefill_step_ratio, min(DEFAULT_FLOOR, budget), budget)
         self._prompt_left = 0                       # of the pacer's cap, in this schedule()
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
@@ -98,13 +95,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """This step's batch: running requests first, in order, then waiting ones in order."""
         out = SchedulerOutput(finished_ids=list(self._finished_ids))
-        self._prompt_left = self.pacer.cap(
-            sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1))
+        self._prompt_left = self.pacer.step_cap(self.running)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted_ids:   # blocks are short: let running requests catch up first
             self._schedule_waiting(out, min(budget, self._prompt_left))
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
-        out.num_decode_rows = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
         if out.scheduled:
             # An empty step never reaches the runner: keep the ids for the next real one.
             self._finished_ids = []
@@ -293,9 +288,7 @@ class Scheduler:
 
     def observe_step(self, scheduler_output: SchedulerOutput, forward_seconds: float) -> None:
         """A finished step's forward time, from which the pacer adjusts its prompt-token cap."""
-        out = scheduler_output
-        self.pacer.observe(out.num_decode_rows, out.num_scheduled_tokens - out.num_decode_rows,
-                           forward_seconds)
+        self.pacer.observe_step(scheduler_output, forward_seconds)
 
     # -- queries ----------------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:

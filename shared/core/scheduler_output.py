@@ -31,7 +31,6 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_scheduled_tokens: int = 0
-    num_decode_rows: int = 0          # scheduled requests computing one token
     preempted_ids: list[str] = field(default_factory=list)
     # Requests that finished or were aborted since the last step: the runner drops their state.
     finished_ids: list[str] = field(default_factory=list)

@@ -48,8 +48,9 @@ def test_off_keeps_the_budget() -> None:
 def fake_ms(out: SchedulerOutput, mixed_ms: float) -> float:
     """A fake forward: 2 ms fixed, 2 ms per decode row, 0.1 ms per prompt token and
     ``mixed_ms`` more when it carries prompt tokens (a mixed step leaves the fused decode)."""
-    prompt = out.num_scheduled_tokens - out.num_decode_rows
-    return 2.0 + 2.0 * out.num_decode_rows + (mixed_ms + 0.1 * prompt if prompt else 0.0)
+    decode = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
+    prompt = out.num_scheduled_tokens - decode
+    return 2.0 + 2.0 * decode + (mixed_ms + 0.1 * prompt if prompt else 0.0)
 
 
 def paced_run(mixed_ms: float, long_len: int) -> tuple[Scheduler, RunLog, list[tuple[int, float]]]:
