@@ -5,7 +5,8 @@
                                       main thread:  run_busy_loop
                                          1. _process_input_queue (blocks when idle)
                                          2. _process_engine_step (schedule, forward, sample, update)
-    <-- OUTPUTS (PUSH) -------------  output thread <- output queue
+    <-- OUTPUTS (PUSH) -------------  main thread, as the next forward starts
+                                      (``_send``: any thread, one at a time)
 """
 from __future__ import annotations
 
@@ -31,8 +32,6 @@ from shared.processes import watch_parent
 from shared.trace.steps import Step
 from shared.trace.tracer import Tracer
 
-_STOP = object()
-
 
 class EngineCoreProc:
     def __init__(self, config: EngineConfig, model_path: Path, input_addr: str, output_addr: str,
@@ -40,13 +39,10 @@ class EngineCoreProc:
         self.engine_index = engine_index      # stamped on every output (data parallel)
         self.codec = wire.WireCodec()
         self.input_queue: queue.Queue[tuple[bytes, Any]] = queue.Queue()
-        self.output_queue: queue.Queue[Any] = queue.Queue()
         self.ctx = zmq.Context()
         self.out_sock = self.ctx.socket(zmq.PUSH)
         self.out_sock.connect(output_addr)
-        self.output_thread = threading.Thread(target=_loud(self._output_loop), name="core-output",
-                                              daemon=True)
-        self.output_thread.start()
+        self._send_lock = threading.Lock()    # a zmq socket is not thread-safe
         # Connect the input side before the (slow) model load, so the link is up by READY.
         self.in_sock = self.ctx.socket(zmq.PULL)
         self.in_sock.connect(input_addr)
@@ -57,7 +53,7 @@ class EngineCoreProc:
             self.close()  # flush the failure to the API process before exiting
             raise
         threading.Thread(target=_loud(self._input_loop, self), name="core-input", daemon=True).start()
-        self.output_queue.put(wire.CoreReady(self.core.model_info, os.getpid(), engine_index))
+        self._send(wire.CoreReady(self.core.model_info, os.getpid(), engine_index))
         self._running = True
         self._idle_reported = True
         self._pending: EngineCoreOutputs | None = None    # sent when the next forward starts
@@ -78,16 +74,15 @@ class EngineCoreProc:
                                         "engine": self.engine_index}, where=self._input_loop)
             self.input_queue.put((tag, payload))
 
-    def _output_loop(self) -> None:
-        while True:
-            item = self.output_queue.get()
-            if item is _STOP:
-                return
-            if isinstance(item, EngineCoreOutputs):
-                item.engine_index = self.engine_index
-            tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
-                   wire.CoreReject: wire.REJECT, wire.CoreFailure: wire.FAILED}[type(item)]
-            self.out_sock.send_multipart(self.codec.encode(tag, item))
+    def _send(self, item: Any) -> None:
+        """Encode and send one message to the API process (zmq queues it without blocking)."""
+        if isinstance(item, EngineCoreOutputs):
+            item.engine_index = self.engine_index
+        tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
+               wire.CoreReject: wire.REJECT, wire.CoreFailure: wire.FAILED}[type(item)]
+        frames = self.codec.encode(tag, item)
+        with self._send_lock:
+            self.out_sock.send_multipart(frames)
 
     # -- main thread ---------------------------------------------------------------------------
     def run_busy_loop(self) -> None:
@@ -113,7 +108,7 @@ class EngineCoreProc:
                 self.core.add_request(payload)
             except ParamError as e:
                 self._flush_pending()   # keep the outputs in order
-                self.output_queue.put(wire.CoreReject(payload.request_id, str(e), e.param))
+                self._send(wire.CoreReject(payload.request_id, str(e), e.param))
         elif tag == wire.ABORT:
             self.core.abort_requests(payload)
         elif tag == wire.SHUTDOWN:
@@ -121,9 +116,11 @@ class EngineCoreProc:
 
     def _process_engine_step(self) -> None:
         batch = self.core.begin_step()
-        # The last step's outputs go to the output thread only now, as this step's forward
-        # (which mostly runs without the GIL) starts: handed over earlier, their encoding and
-        # sending competed with schedule and prepare (W1: prepare 2.9 ms per step, 0.33 now).
+        # The last step's outputs are sent only now, after this step's schedule and prepare
+        # and before its forward, on this thread: an output thread encoding during the forward
+        # took a CPU from one of the two OpenMP threads, and the other waited at a barrier
+        # (sending here, four alternating pairs on a 2-core Xeon: W2 +4-7% output tok/s, W1
+        # -3 to +5%, W3 +1 to +18%; the Python queue it had is zmq's own send queue now).
         self._flush_pending()
         self._idle_reported = False
         if batch is None:
@@ -138,7 +135,7 @@ class EngineCoreProc:
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
-            self.output_queue.put(self._pending)
+            self._send(self._pending)
             self._pending = None
 
     def _wait_for_input(self, timeout: float) -> None:
@@ -156,18 +153,16 @@ class EngineCoreProc:
             return
         self._flush_pending()   # first: its older stats must not arrive after these
         stats = self.core.scheduler.get_stats()
-        self.output_queue.put(EngineCoreOutputs(outputs=[], timestamp=time.time(), stats=stats))
+        self._send(EngineCoreOutputs(outputs=[], timestamp=time.time(), stats=stats))
         self._idle_reported = True
 
     def fail(self, message: str) -> None:
-        self.output_queue.put(wire.CoreFailure(message))
+        self._send(wire.CoreFailure(message))
 
     def close(self) -> None:
         if getattr(self, "core", None) is not None:
             self.core.close()
-        self.output_queue.put(_STOP)
-        self.output_thread.join(timeout=5)
-        self.ctx.destroy(linger=1000)
+        self.ctx.destroy(linger=1000)   # linger: what is queued still goes out
 
 
 def _loud(target: Callable[[], None], proc: EngineCoreProc | None = None) -> Callable[[], None]:
@@ -178,7 +173,7 @@ def _loud(target: Callable[[], None], proc: EngineCoreProc | None = None) -> Cal
             target()
         except BaseException as e:  # noqa: BLE001 - any escape is fatal, and said so
             traceback.print_exc()
-            if proc is not None:    # the output thread may still carry the reason
+            if proc is not None:    # zmq's I/O thread may still carry the reason
                 proc.fail(f"engine core thread {threading.current_thread().name} died: {e!r}")
                 time.sleep(0.2)
             os._exit(1)
