@@ -75,7 +75,9 @@ class EngineCoreProc:
             self.input_queue.put((tag, payload))
 
     def _send(self, item: Any) -> None:
-        """Encode and send one message to the API process (zmq queues it without blocking)."""
+        """Encode and send one message to the API process. zmq queues it and its I/O thread
+        writes it; past the socket's high-water mark (1000 messages) this blocks, so a stalled
+        API process holds the core back instead of growing an unbounded queue."""
         if isinstance(item, EngineCoreOutputs):
             item.engine_index = self.engine_index
         tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
