@@ -80,9 +80,7 @@ class EngineCoreProc:
         API process holds the core back instead of growing an unbounded queue."""
         if isinstance(item, EngineCoreOutputs):
             item.engine_index = self.engine_index
-        tag = {wire.CoreReady: wire.READY, EngineCoreOutputs: wire.OUTPUTS,
-               wire.CoreReject: wire.REJECT, wire.CoreFailure: wire.FAILED}[type(item)]
-        frames = self.codec.encode(tag, item)
+        frames = self.codec.encode(wire.TAG_OF[type(item)], item)
         with self._send_lock:
             self.out_sock.send_multipart(frames)
 

@@ -42,6 +42,9 @@ _TYPES: dict[bytes, Any] = {
     ADD: EngineCoreRequest, ABORT: list[str], SHUTDOWN: None,
     READY: CoreReady, OUTPUTS: EngineCoreOutputs, REJECT: CoreReject, FAILED: CoreFailure,
 }
+# The tag of each message struct, for senders (the same table read the other way).
+TAG_OF: dict[type, bytes] = {t: tag for tag, t in _TYPES.items()
+                             if isinstance(t, type) and issubclass(t, msgspec.Struct)}
 
 
 class WireCodec:
