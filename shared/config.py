@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QUANTIZATION_MODES = ("none", "int8", "int4", "w8a8", "auto")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 METRICS_PREFIXES = ("twinserve", "vllm")
 
@@ -22,6 +23,8 @@ class ModelConfig:
     attention_backend: str = "auto"   # auto (triton on CUDA, native on CPU) | native | torch | triton
     gpu_memory_utilization: float = 0.9   # CUDA: share of free GPU memory for model + KV cache
     enforce_eager: bool = False       # no decode CUDA graphs (CUDA), no fused native decode step (CPU)
+    # CPU: glibc keeps freed tensor memory for the next step (shared/worker/host_malloc.py).
+    malloc_keep_freed: bool = True
     # Testing only: the forward pass raises after this many steps (0: never), so tests can
     # check that a dying engine fails requests cleanly in both topologies.
     debug_fail_after_steps: int = 0
@@ -48,6 +51,8 @@ class CacheConfig:
     num_blocks: int | None = None     # None: derived from kv_cache_size_gb
     kv_cache_size_gb: float = 0.5
     enable_prefix_caching: bool = True
+    # auto | float32 | bfloat16 (see policy.resolve_kv_dtype for what auto picks).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -56,6 +61,9 @@ class CacheConfig:
             raise ValueError("num_blocks must be >= 1")
         if self.kv_cache_size_gb <= 0:
             raise ValueError("kv_cache_size_gb must be > 0")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"not {self.kv_cache_dtype!r}")
 
 
 @dataclass

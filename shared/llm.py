@@ -33,7 +33,7 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 seed: int = 0, num_threads: int | None = None, scheduling_policy: str = "fcfs",
+                 kv_cache_dtype: str = "auto", seed: int = 0, num_threads: int | None = None, scheduling_policy: str = "fcfs",
                  tensor_parallel_size: int = 1,
                  core_factory: Callable[[EngineConfig, Path], CoreDriver] | None = None) -> None:
         """``core_factory`` builds the core from the config and model folder; the default is
@@ -44,7 +44,8 @@ class LLM:
                               max_model_len=max_model_len,
                               seed=seed, num_threads=num_threads),
             cache=CacheConfig(num_blocks=num_blocks, kv_cache_size_gb=kv_cache_size_gb,
-                              enable_prefix_caching=enable_prefix_caching),
+                              enable_prefix_caching=enable_prefix_caching,
+                              kv_cache_dtype=kv_cache_dtype),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       scheduling_policy=scheduling_policy),

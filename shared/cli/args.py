@@ -18,6 +18,8 @@ HELP = {
     "num_blocks": "KV cache blocks (overrides --kv-cache-size)",
     "kv_cache_size_gb": "KV cache size in GiB",
     "enable_prefix_caching": "reuse KV blocks of shared prompt prefixes",
+    "kv_cache_dtype": "auto | float32 | bfloat16: element type of the KV cache (auto: the "
+                      "model's dtype)",
     "max_num_seqs": "most sequences per engine step",
     "max_num_batched_tokens": "token budget of one engine step",
     "long_prefill_token_threshold": "most tokens of one prompt computed per step (0: the whole "
@@ -77,6 +79,8 @@ HELP = {
                                      "memory (off: gloo over loopback TCP, ~100x slower here)",
     "debug_fail_tp_rank": "testing only: this tensor-parallel worker rank fails at start-up",
     "grammar_cache_size": "structured outputs: compiled grammars kept in memory (LRU)",
+    "malloc_keep_freed": "CPU: keep freed tensor memory in the engine process (glibc's mmap "
+                         "and trim thresholds raised) instead of page-faulting it in every step",
     "enforce_eager": "run decode steps op by op: no CUDA graph replay (CUDA), no fused native "
                      "decode step (CPU)",
 }

@@ -25,6 +25,7 @@ from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.cuda_graphs import DecodeGraphs
 from shared.worker.distributed.group import TensorParallelGroup
 from shared.worker.distributed.launch import start_tensor_parallel, wait_loaded
+from shared.worker.host_malloc import keep_freed_memory
 from shared.worker.model_fetch import cache_dir
 from shared.worker.model_loader import (
     activation_reserve_bytes,
@@ -37,7 +38,7 @@ from shared.worker.models.arch_config import ArchConfig
 from shared.worker.native.build import load_native
 from shared.worker.native.decode import FusedDecode, unsupported_reason
 from shared.worker.prompt_logprobs import PromptRows, score_prompts
-from shared.worker.quant.policy import apply_quantization, resolve_dtype
+from shared.worker.quant.policy import apply_quantization, resolve_dtype, resolve_kv_dtype
 from shared.worker.sampler import Sampler
 from shared.worker.step_inputs import StepArrays, encode_step, flatten_step
 
@@ -99,6 +100,8 @@ class ModelRunner:
             torch.set_num_threads(mc.num_threads)
         torch.manual_seed(mc.seed)
         self.device = torch.device(mc.device)
+        self.malloc_tuned = (mc.malloc_keep_freed and self.device.type == "cpu"
+                             and keep_freed_memory())
         tuning = cache_dir() / "tuning"
         # Native kernels serve small CPU batches (pure torch without them); they decide the dtype.
         self.native = load_native(cache_dir() / "native") if self.device.type == "cpu" else None
@@ -120,6 +123,8 @@ class ModelRunner:
                                                            self.native is not None)
         self.max_model_len = min(mc.max_model_len or self.arch.max_position_embeddings,
                                  self.arch.max_position_embeddings)
+        self.kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, self.dtype,
+                                         self.attention_backend)
         self.block_size = config.cache.block_size
         if config.cache.num_blocks:
             self.num_blocks = config.cache.num_blocks
@@ -134,16 +139,17 @@ class ModelRunner:
                       and not self.model.rotary.is_dynamic and not sharded)
         # With graphs, one block past the scheduler's num_blocks is the padding rows' scratch block.
         self.kv_caches = allocate_kv_caches(self.arch, self.num_blocks + int(use_graphs),
-                                            self.block_size, self.dtype, mc.device)
+                                            self.block_size, self.kv_dtype, mc.device)
         self._set_attention_backend(explicit=mc.attention_backend != "auto")
         self.graphs = self._capture_graphs(config) if use_graphs else None
         self.fused = None if sharded else self._fused_decode(mc.enforce_eager)
         self.attention_fn: Callable[..., object] = self.model.attn_backend.forward
         self.sampler = Sampler()
         quant = "float weights" if self.quantization is None else self.quantization.describe()
-        logger.info("model runner: %s %s (%s), %s attention, %d KV blocks, CUDA graphs %s, "
-                    "fused decode %s", self.device, self.dtype, quant, self.attention_backend,
-                    self.num_blocks, "on" if use_graphs else "off", "on" if self.fused else "off")
+        logger.info("model runner: %s %s (%s), %s attention, %d KV blocks of %s, CUDA graphs "
+                    "%s, fused decode %s, malloc keeps freed memory %s", self.device, self.dtype,
+                    quant, self.attention_backend, self.num_blocks, self.kv_dtype,
+                    *("on" if x else "off" for x in (use_graphs, self.fused, self.malloc_tuned)))
 
     def _fused_decode(self, enforce_eager: bool) -> FusedDecode | None:
         """The native decode step for small CPU batches, when this model and dtype allow it."""
@@ -181,7 +187,7 @@ class ModelRunner:
         reserve = activation_reserve_bytes(config, a.hidden_size, a.intermediate_size, a.vocab_size,
                                            qkv, self.dtype)
         budget = int(free_before * config.model.gpu_memory_utilization) - model_bytes - reserve
-        per_block = kv_bytes_per_block(a, self.block_size, self.dtype)
+        per_block = kv_bytes_per_block(a, self.block_size, self.kv_dtype)
         if budget < per_block:
             raise RuntimeError(f"no GPU memory left for the KV cache: {free_before >> 20} MiB free, "
                                f"weights {model_bytes >> 20} MiB, reserve {reserve >> 20} MiB")
@@ -197,7 +203,7 @@ class ModelRunner:
         return graphs
 
     def _blocks_from_size(self, size_gb: float) -> int:
-        per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.arch, self.block_size, self.kv_dtype)
         return max(1, int(size_gb * (1 << 30)) // per_block)
 
     def prepare_inputs(self, sched: SchedulerOutput) -> ModelInput:

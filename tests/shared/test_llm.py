@@ -163,3 +163,35 @@ def test_fcfs_llm_refuses_a_priority_before_queueing_anything(llm: LLM) -> None:
     with pytest.raises(ValueError, match="2 priorities for 1 prompts"):
         llm.generate([[5] * 4], SamplingParams(max_tokens=2), priority=[0, 1])
     assert not llm.core.has_unfinished_requests()
+
+
+def test_bfloat16_kv_cache_holds_twice_the_blocks_and_decodes_alike(llm: LLM,
+                                                                    default_model_dir: str) -> None:
+    # --kv-cache-dtype bfloat16 under float32 activations: the same GiB hold twice the blocks,
+    # and decode steps (the fused native step reads the cache) stay close to the float32 cache:
+    # greedy tokens agree for most of their length and, where they agree, so do their logprobs.
+    sizes = {}
+    bf16 = LLM(default_model_dir, dtype="float32", quantization="none", max_num_seqs=16,
+               kv_cache_size_gb=0.05, kv_cache_dtype="bfloat16")
+    f32 = LLM(default_model_dir, dtype="float32", quantization="none", max_num_seqs=16,
+              kv_cache_size_gb=0.05)
+    try:
+        for name, engine in (("bf16", bf16), ("f32", f32)):
+            runner = engine.core.model_runner
+            sizes[name] = runner.num_blocks
+            assert runner.kv_caches[0][0].dtype == (torch.bfloat16 if name == "bf16" else torch.float32)
+        assert bf16.core.model_runner.fused is not None
+        assert 0 <= sizes["bf16"] - 2 * sizes["f32"] <= 1     # floor(GiB / block bytes)
+        prompts = [_chat_ids(llm, q) for q in QUESTIONS]
+        params = SamplingParams(temperature=0, max_tokens=24, min_tokens=24, logprobs=1)
+        agreed = []
+        for a, b in zip(bf16.generate(prompts, params), f32.generate(prompts, params)):
+            ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
+            n = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
+            agreed.append(n)
+            for la, lb in zip(a.outputs[0].logprobs[:n], b.outputs[0].logprobs[:n]):
+                assert abs(la.logprob - lb.logprob) < 0.1
+        assert sum(agreed) >= 0.6 * 24 * len(prompts), agreed
+    finally:
+        bf16.close()
+        f32.close()

@@ -22,7 +22,7 @@ from shared.worker.native.abi import PagedKV
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
 
-MAX_GROUP, MAX_DIM = 16, 256        # attention.c's limits
+MAX_GROUP, MAX_DIM = 16, 256        # native.h's limits
 NATIVE_MAX_QUERY = 16               # longer query chunks take SDPA (see above)
 
 

@@ -153,8 +153,10 @@ class TorchAttention:
                 plan: DecodePlan) -> torch.Tensor:
         b = plan.num_seqs
         # Gathering whole blocks (one index_select) is far cheaper than gathering single slots.
+        # The gathered copy is widened to q's dtype (a bf16 cache under float32 activations).
         k = k_cache.index_select(0, plan.block_ids).view(b, -1, self.num_kv_heads, self.head_dim)
         v = v_cache.index_select(0, plan.block_ids).view(b, -1, self.num_kv_heads, self.head_dim)
+        k, v = k.to(q.dtype), v.to(q.dtype)
         # GQA without repeating K/V: the query heads of one KV head act as that head's query rows.
         qg = q.view(b, self.num_kv_heads, self.group, self.head_dim)
         out = F.scaled_dot_product_attention(
@@ -167,8 +169,8 @@ class TorchAttention:
         if p.block_ids is None:
             ks, vs = k[p.start:p.end], v[p.start:p.end]             # fresh prompt: this step's K/V
         else:
-            ks = k_cache.index_select(0, p.block_ids).flatten(0, 1)[:p.seq_len]
-            vs = v_cache.index_select(0, p.block_ids).flatten(0, 1)[:p.seq_len]
+            ks = k_cache.index_select(0, p.block_ids).flatten(0, 1)[:p.seq_len].to(q.dtype)
+            vs = v_cache.index_select(0, p.block_ids).flatten(0, 1)[:p.seq_len].to(q.dtype)
         out = F.scaled_dot_product_attention(
             qs, ks.transpose(0, 1)[None], vs.transpose(0, 1)[None], attn_mask=p.mask,
             is_causal=p.mask is None, scale=self.scale, enable_gqa=self.group > 1)

@@ -25,7 +25,7 @@ class PagedKV(ctypes.Structure):
 class Layer(ctypes.Structure):
     _fields_ = [("in_norm", ptr), ("post_norm", ptr), ("q_norm", ptr), ("k_norm", ptr),
                 ("qkv", Mat), ("o", Mat), ("gate_up", Mat), ("down", Mat),
-                ("k_cache", ptr), ("v_cache", ptr)]
+                ("k_cache", ptr), ("v_cache", ptr), ("kv_bf16", i32)]
 
 
 class Dims(ctypes.Structure):

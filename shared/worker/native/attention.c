@@ -8,8 +8,6 @@
 #include "native.h"
 
 #define TILE 32             /* positions scored before each softmax rescale */
-#define MAX_GROUP 16        /* query heads per KV head */
-#define MAX_DIM 256
 
 /* Partial softmax state of one (token, kv head, position range): per query head of the group
  * its running max, running sum and unnormalised output. */
@@ -27,11 +25,7 @@ static void tile_rows(const PagedKV *kv, const void *cache, const int32_t *tbl, 
             rows[i] = (const float *)cache + at;
             continue;
         }
-        const uint16_t *src = (const uint16_t *)cache + at;
-        for (int64_t d = 0; d < D; d++) {           /* bf16 is the top half of a float32 */
-            uint32_t bits = (uint32_t)src[d] << 16;
-            memcpy(buf + i * D + d, &bits, 4);
-        }
+        bf16_to_f32((const uint16_t *)cache + at, buf + i * D, D);
         rows[i] = buf + i * D;
     }
 }

@@ -2,8 +2,9 @@
  * RoPE, KV-cache write, paged attention, output GEMV plus residual, RMSNorm, gate/up GEMV,
  * SiLU * up and down GEMV plus residual, for up to MAX_ROWS decode tokens. One OpenMP region
  * for the whole step; the stages meet at the barriers of their `omp for`s. Python keeps the
- * embedding lookup, RoPE tables, the final norm and the lm_head. float32 activations and
- * caches; weights float32 or int8 (per-row scales). */
+ * embedding lookup, RoPE tables, the final norm and the lm_head. float32 activations; caches
+ * float32 or bfloat16 (kv_bf16: half the bytes attention reads per context token); weights in
+ * any of native.h's layouts. */
 #include <math.h>
 #include <string.h>
 #include "native.h"
@@ -12,7 +13,8 @@ typedef struct {
     const float *in_norm, *post_norm;
     const float *q_norm, *k_norm;       /* per-head [dim] RMSNorm weights (Qwen3) or NULL */
     Mat qkv, o, gate_up, down;
-    float *k_cache, *v_cache;           /* [blocks, block_size, kv_heads, dim] */
+    void *k_cache, *v_cache;            /* [blocks, block_size, kv_heads, dim] */
+    int32_t kv_bf16;                    /* caches are bfloat16 (else float32) */
 } Layer;
 
 typedef struct {
@@ -63,9 +65,18 @@ static void rope_store_for(const Dims *dm, const Layer *L, const Scratch *s, int
             rope(x, c, sn, D, s->q + (m * H + head) * D);
         } else if (head < H + KVH) {
             if (L->k_norm) head_norm(x, L->k_norm, D, dm->eps);
-            rope(x, c, sn, D, L->k_cache + (slots[m] * KVH + head - H) * D);
+            const int64_t at = (slots[m] * KVH + head - H) * D;
+            if (!L->kv_bf16) {
+                rope(x, c, sn, D, (float *)L->k_cache + at);
+                continue;
+            }
+            float k[MAX_DIM];
+            rope(x, c, sn, D, k);
+            f32_to_bf16(k, (uint16_t *)L->k_cache + at, D);
         } else {
-            memcpy(L->v_cache + (slots[m] * KVH + head - H - KVH) * D, x, sizeof(float) * D);
+            const int64_t at = (slots[m] * KVH + head - H - KVH) * D;
+            if (L->kv_bf16) f32_to_bf16(x, (uint16_t *)L->v_cache + at, D);
+            else memcpy((float *)L->v_cache + at, x, sizeof(float) * D);
         }
     }
 }
@@ -101,14 +112,14 @@ static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const S
 int decode_forward(const Dims *dm, const Layer *layers, float *h, int64_t rows, const float *cos,
                    const float *sin, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
                    int64_t block_size, const int32_t *seq_lens, const Scratch *s, int nthreads) {
-    if (rows < 1 || rows > MAX_ROWS || dm->heads % dm->kv_heads) return -1;
+    if (rows < 1 || rows > MAX_ROWS || dm->heads % dm->kv_heads || dm->dim > MAX_DIM) return -1;
     int32_t table_row[MAX_ROWS];
     for (int64_t m = 0; m < rows; m++) table_row[m] = (int32_t)m;
     #pragma omp parallel num_threads(nthreads)
     for (int64_t i = 0; i < dm->num_layers; i++) {
         const Layer *L = layers + i;
         const PagedKV kv = {L->k_cache, L->v_cache, tables, max_blocks, block_size, dm->heads,
-                            dm->kv_heads, dm->dim, 0, dm->scale};
+                            dm->kv_heads, dm->dim, L->kv_bf16, dm->scale};
         layer_for(dm, L, &kv, s, h, rows, cos, sin, slots, table_row, seq_lens, nthreads);
     }
     return 0;

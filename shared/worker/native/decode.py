@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.worker.attention.metadata import AttentionMetadata
+from shared.worker.attention.native_backend import MAX_GROUP
+from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.models.layers import Linear
 from shared.worker.native.abi import Dims, Layer, Mat, Scratch, addr, with_bias
 from shared.worker.quant.formats import Dense, WeightFormat
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_GROUP, MAX_DIM = 16, 256    # attention.c's limits
+KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _linear_mat(module: torch.nn.Module, rows: int) -> Mat | None:
@@ -49,10 +51,10 @@ def unsupported_reason(model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tens
     a = model.arch
     if model.embed_tokens.weight.dtype != torch.float32:
         return f"the model runs in {model.embed_tokens.weight.dtype} (the fused step is float32)"
-    if any(k.dtype != torch.float32 or not k.is_contiguous() for k, _ in kv_caches):
-        return "the KV cache is not contiguous float32"
-    group = a.num_attention_heads // a.num_key_value_heads
-    if a.num_attention_heads % a.num_key_value_heads or group > MAX_GROUP or a.head_dim > MAX_DIM:
+    if any(k.dtype not in KV_DTYPES or not k.is_contiguous() for k, _ in kv_caches):
+        return "the KV cache is not contiguous float32 or bfloat16"
+    if not native_supports(a.num_attention_heads, a.num_key_value_heads, a.head_dim,
+                           kv_caches[0][0].dtype):
         return f"{a.num_attention_heads} heads / {a.num_key_value_heads} KV heads of {a.head_dim}"
     return None
 
@@ -96,7 +98,7 @@ class FusedDecode:
                 return None
             norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
             out[i] = Layer(*(None if n is None else addr(n.weight) for n in norms), *mats,
-                           k.data_ptr(), v.data_ptr())
+                           k.data_ptr(), v.data_ptr(), int(k.dtype == torch.bfloat16))
         return out
 
     def can_run(self, meta: AttentionMetadata) -> bool:

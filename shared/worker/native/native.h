@@ -12,6 +12,8 @@
 #endif
 #include "vec.h"
 
+#define MAX_GROUP 16        /* query heads per KV head (attention.c) */
+#define MAX_DIM 256         /* head dim (attention.c, decode.c) */
 #define MAX_ROWS 64         /* activation rows of the small-batch GEMV and the fused decode */
 #define ROW_CHUNK 8         /* rows per register tile: larger batches run in chunks of it */
 
@@ -61,6 +63,30 @@ typedef struct {
  * ``scratch`` (``capacity`` partial results, see attention.c) is given; NULL: no split. */
 void attend_split_for(const PagedKV *kv, const float *q, int64_t tokens, const int32_t *table_row,
                       const int32_t *ctx, float *out, float *scratch, int64_t capacity, int nthreads);
+
+/* bf16 is the top half of a float32: widening is a shift; narrowing rounds to nearest even
+ * (as torch's .to(torch.bfloat16), so the eager and fused paths store the same bits). */
+static inline void bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    int64_t d = 0;
+#ifdef __AVX2__
+    for (; d + 8 <= n; d += 8) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d)));
+        _mm256_storeu_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+#endif
+    for (; d < n; d++) {
+        const uint32_t bits = (uint32_t)src[d] << 16;
+        __builtin_memcpy(dst + d, &bits, 4);
+    }
+}
+
+static inline void f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t d = 0; d < n; d++) {
+        uint32_t bits;
+        __builtin_memcpy(&bits, src + d, 4);
+        dst[d] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
+}
 
 #ifdef __F16C__
 static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }

@@ -48,6 +48,19 @@ def resolve_dtype(name: str, device: torch.device, arch: ArchConfig,
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype, attention_backend: str) -> torch.dtype:
+    """``--kv-cache-dtype``: auto is the model's dtype. A cache narrower than the activations
+    is widened where attention reads it (native and torch backends); the Triton kernels read
+    the cache in the activations' dtype, so they refuse another."""
+    if name == "auto":
+        return dtype
+    kv = {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    if kv != dtype and attention_backend == "triton":
+        raise ValueError(f"--kv-cache-dtype {name} needs the activations' dtype ({dtype}) with "
+                         "the triton attention backend")
+    return kv
+
+
 def apply_quantization(model: nn.Module, mode: str, dtype: torch.dtype, device: torch.device,
                        tuning_cache: Path | None, native: NativeKernels | None = None,
                        weights_cache: tuple[Path, list[Path]] | None = None) -> Dispatch | None:

@@ -1,6 +1,7 @@
 """TorchAttention's decode path on ragged batches, against a naive per-sequence reference."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from shared.worker.attention.metadata import AttentionMetadata
@@ -16,12 +17,14 @@ def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.einsum("hl,lhd->hd", scores.softmax(-1), v)
 
 
-def test_ragged_decode_batch_is_split_and_exact() -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_ragged_decode_batch_is_split_and_exact(cache_dtype: torch.dtype) -> None:
+    # A bf16 cache under float32 queries (--kv-cache-dtype bfloat16) is widened where it is read.
     torch.manual_seed(0)
     lens = [5, 7, 9, 11, 12, 13, 14, 15, 16, 17, 150, 160, 170, 180, 190, 199, 200, 120, 130, 140]
     num_blocks = sum(-(-n // BS) for n in lens) + 4
-    k_cache = torch.randn(num_blocks, BS, KVH, D)
-    v_cache = torch.randn(num_blocks, BS, KVH, D)
+    k_cache = torch.randn(num_blocks, BS, KVH, D).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, BS, KVH, D).to(cache_dtype)
     perm = torch.randperm(num_blocks).tolist()
     tables, slots, used = [], [], 0
     for n in lens:
@@ -41,8 +44,8 @@ def test_ragged_decode_batch_is_split_and_exact() -> None:
     q, k, v = torch.randn(len(lens), H, D), torch.randn(len(lens), KVH, D), torch.randn(len(lens), KVH, D)
     out = attn.forward(q, k, v, (k_cache, v_cache), plan).view(len(lens), H, D)
     for i, n in enumerate(lens):
-        ks = k_cache[tables[i]].flatten(0, 1)[:n]
-        vs = v_cache[tables[i]].flatten(0, 1)[:n]
+        ks = k_cache[tables[i]].flatten(0, 1)[:n].float()
+        vs = v_cache[tables[i]].flatten(0, 1)[:n].float()
         torch.testing.assert_close(out[i], _naive(q[i], ks, vs), atol=1e-5, rtol=1e-5)
 
 

@@ -1,6 +1,7 @@
 """The fused native decode step against the eager model on the same weights and caches: ragged
 contexts over shuffled blocks, every family's options (GQA, q/k/v bias, q/k norm), float32,
-int8, int4 and W8A8 weights, with and without the split of long contexts between threads."""
+int8, int4 and W8A8 weights, float32 and bfloat16 caches, with and without the split of long
+contexts between threads."""
 from __future__ import annotations
 
 import pytest
@@ -41,17 +42,20 @@ def decode_meta(seq_lens: list[int], block_size: int, seed: int) -> tuple[Attent
     return meta, num_blocks
 
 
-def random_caches(model: torch.nn.Module, num_blocks: int, block_size: int, seed: int) -> list:
+def random_caches(model: torch.nn.Module, num_blocks: int, block_size: int, seed: int,
+                  dtype: torch.dtype = torch.float32) -> list:
     a, gen = model.arch, torch.Generator().manual_seed(seed)
     shape = (num_blocks, block_size, a.num_key_value_heads, a.head_dim)
-    return [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+    return [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
             for _ in range(a.num_hidden_layers)]
 
 
 def run_both(model, native: NativeKernels, seq_lens: list[int], block_size: int, threads: int,
-             seed: int = 0) -> None:
+             seed: int = 0, kv_dtype: torch.dtype = torch.float32) -> None:
+    """The eager reference writes this step's K/V with torch's bf16 rounding and widens the
+    cache where it reads it: both sides then attend over the same numbers."""
     meta, num_blocks = decode_meta(seq_lens, block_size, seed)
-    eager_caches = random_caches(model, num_blocks, block_size, seed)
+    eager_caches = random_caches(model, num_blocks, block_size, seed, kv_dtype)
     fused_caches = [(k.clone(), v.clone()) for k, v in eager_caches]
     ids = torch.randint(0, model.arch.vocab_size, (len(seq_lens),), generator=torch.Generator().manual_seed(seed))
     positions = torch.tensor([n - 1 for n in seq_lens])
@@ -62,6 +66,7 @@ def run_both(model, native: NativeKernels, seq_lens: list[int], block_size: int,
         got = fused.run(ids, positions, meta)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
     for (ke, ve), (kf, vf) in zip(eager_caches, fused_caches):    # this step's K/V written alike
+        assert kf.dtype == kv_dtype
         torch.testing.assert_close(kf, ke, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(vf, ve, atol=1e-5, rtol=1e-5)
 
@@ -82,6 +87,15 @@ def test_fused_decode_matches_eager(native: NativeKernels, family: str, seq_lens
                                     block_size: int) -> None:
     model = tiny_model(torch.float32, seed=len(seq_lens), std=0.1, **FAMILIES[family])
     run_both(model, native, seq_lens, block_size, threads=2)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bfloat16_cache_matches_eager(native: NativeKernels, family: str) -> None:
+    # A bf16 cache under float32 activations (--kv-cache-dtype bfloat16): decode.c rounds the
+    # step's K/V to nearest even as torch does, and attention.c widens what it reads.
+    model = tiny_model(torch.float32, seed=7, std=0.1, **FAMILIES[family])
+    run_both(model, native, [1, 37, 200, 9, 64], 16, threads=2, kv_dtype=torch.bfloat16)
+    run_both(model, native, [700], 16, threads=3, kv_dtype=torch.bfloat16)     # split ranges
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -118,3 +132,5 @@ def test_steps_it_cannot_take(native: NativeKernels) -> None:
     assert not FusedDecode(model, random_caches(model, num_blocks, 16, 0), native, 2).can_run(small)
     bf16 = tiny_model(torch.bfloat16)
     assert "bfloat16" in unsupported_reason(bf16, random_caches(bf16, 2, 16, 0))
+    fp16_cache = random_caches(model, 2, 16, 0, torch.float16)
+    assert "KV cache" in unsupported_reason(tiny_model(torch.float32), fp16_cache)

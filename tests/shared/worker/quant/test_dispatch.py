@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.config import CacheConfig
 from shared.worker.models.layers import Linear
 from shared.worker.native.build import load_native
 from shared.worker.quant import tuning
 from shared.worker.quant.formats import pack
 from shared.worker.quant.int4 import Int4
 from shared.worker.quant.linear import Dispatch, QuantLinear, quantize_model
-from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4, resolve_dtype
+from shared.worker.quant.policy import apply_quantization, checkpoint_is_int4, resolve_dtype, resolve_kv_dtype
 from tests.kernels import helpers
 
 
@@ -192,6 +193,18 @@ def test_cpu_dtype_is_float32_with_the_native_kernels(monkeypatch: pytest.Monkey
     assert resolve_dtype("auto", cpu, arch, None, native=False) == torch.bfloat16   # measured
     assert resolve_dtype("bfloat16", cpu, arch, None, native=True) == torch.bfloat16
     assert resolve_dtype("auto", torch.device("cuda"), arch, None) == torch.bfloat16
+
+
+def test_kv_cache_dtype_defaults_to_the_model_dtype_and_triton_refuses_another() -> None:
+    assert resolve_kv_dtype("auto", torch.float32, "native") == torch.float32
+    assert resolve_kv_dtype("auto", torch.bfloat16, "triton") == torch.bfloat16
+    assert resolve_kv_dtype("bfloat16", torch.float32, "native") == torch.bfloat16
+    assert resolve_kv_dtype("bfloat16", torch.float32, "torch") == torch.bfloat16
+    assert resolve_kv_dtype("bfloat16", torch.bfloat16, "triton") == torch.bfloat16
+    with pytest.raises(ValueError, match="triton"):
+        resolve_kv_dtype("float32", torch.bfloat16, "triton")
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        CacheConfig(kv_cache_dtype="fp8")
 
 
 def test_bf16_weights_under_float32_activations() -> None:
