@@ -33,7 +33,8 @@ class LLM:
                  max_model_len: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 1024, kv_cache_size_gb: float = 0.5,
                  num_blocks: int | None = None, enable_prefix_caching: bool = True,
-                 kv_cache_dtype: str = "auto", seed: int = 0, num_threads: int | None = None, scheduling_policy: str = "fcfs",
+                 kv_cache_dtype: str = "auto", seed: int = 0, num_threads: int | None = None,
+                 scheduling_policy: str = "fcfs",
                  tensor_parallel_size: int = 1,
                  core_factory: Callable[[EngineConfig, Path], CoreDriver] | None = None) -> None:
         """``core_factory`` builds the core from the config and model folder; the default is
