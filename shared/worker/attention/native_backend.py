@@ -17,12 +17,11 @@ import torch
 
 from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.attention.torch_backend import PrefillPlan, TorchAttention
-from shared.worker.native.abi import PagedKV
+from shared.worker.native.abi import MAX_DIM, MAX_GROUP, PagedKV
 
 if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
 
-MAX_GROUP, MAX_DIM = 16, 256        # native.h's limits
 NATIVE_MAX_QUERY = 16               # longer query chunks take SDPA (see above)
 
 

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from shared.worker.attention.metadata import AttentionMetadata
-from shared.worker.attention.native_backend import MAX_GROUP
 from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.models.layers import Linear
-from shared.worker.native.abi import Dims, Layer, Mat, Scratch, addr, with_bias
+from shared.worker.native.abi import MAX_GROUP, Dims, Layer, Mat, Scratch, addr, with_bias
 from shared.worker.quant.formats import Dense, WeightFormat
 from shared.worker.quant.linear import QuantLinear
 
