@@ -47,7 +47,9 @@ def perplexity(logprobs: list[float]) -> float:
 def _llm(args: argparse.Namespace, mode: str, budget: int):  # noqa: ANN202 - shared.LLM
     from shared import LLM
 
-    return LLM(args.model, dtype=args.dtype, quantization=mode, num_threads=args.num_threads,
+    quantization, _, kv_dtype = mode.partition("@")         # "w8a8@bfloat16": a bf16 KV cache
+    return LLM(args.model, dtype=args.dtype, quantization=quantization,
+               kv_cache_dtype=kv_dtype or "auto", num_threads=args.num_threads,
                max_num_batched_tokens=budget, max_num_seqs=max(16, len(CHAT_PROMPTS)),
                enable_prefix_caching=False)
 
@@ -105,7 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m compare.quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or GGUF (default: SmolLM2-135M)")
     p.add_argument("--modes", nargs="+", default=["none", "int8", "int4", "w8a8", "auto"],
-                   help="the first is the reference")
+                   help="the first is the reference; MODE@bfloat16 also stores the KV cache in "
+                        "bf16 (--kv-cache-dtype)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--decode-tokens", type=int, default=None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.config import EngineConfig
+from shared.config import EngineConfig, ModelConfig
 from shared.core.request import Request
 from shared.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from shared.messages import TokenLogprobs
@@ -124,7 +124,7 @@ class ModelRunner:
         self.max_model_len = min(mc.max_model_len or self.arch.max_position_embeddings,
                                  self.arch.max_position_embeddings)
         self.kv_dtype = resolve_kv_dtype(config.cache.kv_cache_dtype, self.dtype,
-                                         self.attention_backend)
+                                         self.attention_backend, self._fast_bf16_cache(mc))
         self.block_size = config.cache.block_size
         if config.cache.num_blocks:
             self.num_blocks = config.cache.num_blocks
@@ -201,6 +201,14 @@ class ModelRunner:
         graphs.capture()
         logger.info("captured decode CUDA graphs for batch sizes %s", graphs.sizes)
         return graphs
+
+    def _fast_bf16_cache(self, mc: ModelConfig) -> bool:
+        """Quantized weights on CPU whose native attention reads a bf16 cache of this shape at
+        full speed (``none`` keeps the exact float path, the parity tests', whole)."""
+        a = self.arch
+        group = a.num_attention_heads // a.num_key_value_heads
+        return (self.native is not None and mc.quantization != "none"
+                and self.native.fast_bf16_attention(a.head_dim, group))
 
     def _blocks_from_size(self, size_gb: float) -> int:
         per_block = kv_bytes_per_block(self.arch, self.block_size, self.kv_dtype)

@@ -10,6 +10,7 @@ i64, i32, f32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_vo
 MAT_F32, MAT_INT8, MAT_Q4, MAT_W8A8, MAT_Q4V = 0, 1, 2, 3, 4
 Q4_GROUP, MAX_Q4_GROUPS, W8_GROUP = 32, 128, 32
 MAX_GROUP, MAX_DIM = 16, 256        # query heads per KV head, head dim (attention.c, decode.c)
+A512_DIM, A512_GROUP = 64, 4        # the shapes attention.c's AVX-512 tile takes (attn512.h)
 
 
 class Mat(ctypes.Structure):

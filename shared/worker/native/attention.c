@@ -6,26 +6,37 @@
 #include <math.h>
 #include <string.h>
 #include "native.h"
+#include "attn512.h"
 
-#define TILE 32             /* positions scored before each softmax rescale */
+#define TILE 32             /* positions scored before each softmax rescale (attn512.h: 32) */
 
 /* Partial softmax state of one (token, kv head, position range): per query head of the group
  * its running max, running sum and unnormalised output. */
 typedef struct { float mx[MAX_GROUP], sum[MAX_GROUP]; } State;
 
-/* Pointers to a tile's key or value rows (positions p0..p0+n of one KV head) as float32:
- * float32 caches in place, bf16 ones widened into ``buf`` [TILE, dim]. */
-static void tile_rows(const PagedKV *kv, const void *cache, const int32_t *tbl, int64_t g,
-                      int64_t p0, int64_t n, float *buf, const float **rows) {
-    const int64_t bs = kv->block_size, D = kv->dim, stride = kv->kv_heads * D;
+/* Element offsets of positions [p0, p0 + n) of KV head g in the cache: one division per
+ * tile, not one per row. */
+static void tile_offsets(const PagedKV *kv, const int32_t *tbl, int64_t g, int64_t p0, int64_t n,
+                         int64_t *off) {
+    const int64_t bs = kv->block_size, stride = kv->kv_heads * kv->dim;
+    int64_t b = p0 / bs, slot = p0 % bs;
     for (int64_t i = 0; i < n; i++) {
-        const int64_t p = p0 + i;
-        const int64_t at = ((int64_t)tbl[p / bs] * bs + p % bs) * stride + g * D;
+        off[i] = ((int64_t)tbl[b] * bs + slot) * stride + g * kv->dim;
+        if (++slot == bs) { slot = 0; b++; }
+    }
+}
+
+/* Pointers to a tile's key or value rows as float32: float32 caches in place, bf16 ones
+ * widened into ``buf`` [TILE, dim]. */
+static void tile_rows(const PagedKV *kv, const void *cache, const int64_t *off, int64_t n,
+                      float *buf, const float **rows) {
+    const int64_t D = kv->dim;
+    for (int64_t i = 0; i < n; i++) {
         if (!kv->kv_bf16) {
-            rows[i] = (const float *)cache + at;
+            rows[i] = (const float *)cache + off[i];
             continue;
         }
-        bf16_to_f32((const uint16_t *)cache + at, buf + i * D, D);
+        bf16_to_f32((const uint16_t *)cache + off[i], buf + i * D, D);
         rows[i] = buf + i * D;
     }
 }
@@ -121,26 +132,45 @@ static inline void scale_rows(float *x, float c, int64_t n) {
     for (; i < n; i++) x[i] *= c;
 }
 
+/* Head j's tile scores s[0..n) folded into its running softmax state; s becomes the weights. */
+static void softmax_update(float *s, int64_t n, int64_t D, float *acc, State *st, int64_t j) {
+    float m = st->mx[j];
+    for (int64_t i = 0; i < n; i++) m = s[i] > m ? s[i] : m;
+    if (m > st->mx[j]) {            /* rescale what came before (nothing on the first tile) */
+        const float corr = expf(st->mx[j] - m);
+        st->sum[j] *= corr;
+        scale_rows(acc + j * D, corr, D);
+        st->mx[j] = m;
+    }
+    st->sum[j] += exp_shifted(s, n, m);
+}
+
 /* Positions [p0, p0 + n) (n <= TILE, across blocks) folded into the running softmax state. */
 static void attend_tile(const PagedKV *kv, const float *qh, const int32_t *tbl, int64_t g,
                         int64_t p0, int64_t n, float *acc, State *st) {
     const int64_t G = kv->heads / kv->kv_heads, D = kv->dim;
-    float s[MAX_GROUP][TILE], buf[TILE * MAX_DIM];
+    float s[MAX_GROUP][TILE];
+    int64_t off[TILE];
+    tile_offsets(kv, tbl, g, p0, n, off);
+#ifdef __AVX512F__
+    if (D == A512_DIM && G <= A512_GROUP) {
+        const char *kc = kv->k_cache, *vc = kv->v_cache;
+        if (kv->kv_bf16) scores512(kc, off, n, qh, G, kv->scale, 1, s);
+        else scores512(kc, off, n, qh, G, kv->scale, 0, s);
+        for (int64_t j = 0; j < G; j++) softmax_update(s[j], n, D, acc, st, j);
+        if (kv->kv_bf16) values512(vc, off, n, s, G, 1, acc);
+        else values512(vc, off, n, s, G, 0, acc);
+        return;
+    }
+#endif
+    float buf[TILE * MAX_DIM];
     const float *rows[TILE];
-    tile_rows(kv, kv->k_cache, tbl, g, p0, n, buf, rows);
+    tile_rows(kv, kv->k_cache, off, n, buf, rows);
     for (int64_t j = 0; j < G; j++) {
         scores(qh + j * D, rows, n, D, kv->scale, s[j]);
-        float m = st->mx[j];
-        for (int64_t i = 0; i < n; i++) m = s[j][i] > m ? s[j][i] : m;
-        if (m > st->mx[j]) {            /* rescale what came before (nothing on the first tile) */
-            const float corr = expf(st->mx[j] - m);
-            st->sum[j] *= corr;
-            scale_rows(acc + j * D, corr, D);
-            st->mx[j] = m;
-        }
-        st->sum[j] += exp_shifted(s[j], n, m);
+        softmax_update(s[j], n, D, acc, st, j);
     }
-    tile_rows(kv, kv->v_cache, tbl, g, p0, n, buf, rows);
+    tile_rows(kv, kv->v_cache, off, n, buf, rows);
     accumulate_values(rows, n, D, s, G, acc);
 }
 

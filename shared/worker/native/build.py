@@ -20,13 +20,14 @@ from pathlib import Path
 
 import torch
 
-from shared.worker.native.abi import Mat
+from shared.worker.native.abi import A512_DIM, A512_GROUP, Mat
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "q4v.c", HERE / "attention.c", HERE / "decode.c"]
-HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h", HERE / "tiles.h"]
+HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h", HERE / "tiles.h",
+           HERE / "attn512.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
@@ -103,6 +104,11 @@ class NativeKernels:
         self.path = path
         self.max_rows: int = lib.native_max_rows()      # native.h's MAX_ROWS
         self.vnni = bool(lib.native_has_vnni())         # W8A8 and Q4V run here (else torch's path)
+
+    def fast_bf16_attention(self, head_dim: int, group: int) -> bool:
+        """Whether attention.c reads a bf16 cache of this shape with its AVX-512 tile (widening
+        in registers); elsewhere a bf16 cache goes through a copy and is no faster."""
+        return self.isa == "avx512" and head_dim == A512_DIM and group <= A512_GROUP
 
     def gemm_small(self, mat: Mat, x: torch.Tensor, num_threads: int) -> torch.Tensor:
         """x [M, K] float32 times the weight ``mat`` describes -> [M, N] float32 (M <= max_rows)."""

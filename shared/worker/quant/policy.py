@@ -48,12 +48,15 @@ def resolve_dtype(name: str, device: torch.device, arch: ArchConfig,
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_kv_dtype(name: str, dtype: torch.dtype, attention_backend: str) -> torch.dtype:
-    """``--kv-cache-dtype``: auto is the model's dtype. A cache narrower than the activations
-    is widened where attention reads it (native and torch backends); the Triton kernels read
-    the cache in the activations' dtype, so they refuse another."""
+def resolve_kv_dtype(name: str, dtype: torch.dtype, attention_backend: str,
+                     fast_bf16: bool = False) -> torch.dtype:
+    """``--kv-cache-dtype``: auto is the model's dtype, or bf16 where ``fast_bf16`` (quantized
+    weights on CPU, whose native attention reads a bf16 cache of this shape at full speed:
+    half the bytes a decode step streams). A cache narrower than the activations is widened
+    where attention reads it (native and torch backends); the Triton kernels read the cache in
+    the activations' dtype, so they refuse another."""
     if name == "auto":
-        return dtype
+        return torch.bfloat16 if fast_bf16 and attention_backend == "native" else dtype
     kv = {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
     if kv != dtype and attention_backend == "triton":
         raise ValueError(f"--kv-cache-dtype {name} needs the activations' dtype ({dtype}) with "

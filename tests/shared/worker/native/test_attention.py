@@ -1,7 +1,10 @@
 """NativeAttention (attention.c reading the paged cache in place) against TorchAttention on the
 same mixed batches: decode rows, short and long chunks over a cached prefix, fresh prompts,
-GQA ratios, block sizes, float32 and bfloat16 caches, one thread and several."""
+GQA ratios, block sizes, float32 and bfloat16 caches, one thread and several, and the builds
+without AVX-512 (head dim 64 with up to 4 query heads per KV head has its own AVX-512 tile)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ import torch
 from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.attention.native_backend import NATIVE_MAX_QUERY, NativeAttention
 from shared.worker.attention.torch_backend import TorchAttention
-from shared.worker.native.build import NativeKernels, load_native
+from shared.worker.native.build import NativeKernels, build, isa_flags, load_native
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,8 @@ BATCHES = {
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("heads,kvh,d,bs", [(6, 2, 16, 4), (9, 3, 64, 16), (4, 4, 32, 16), (16, 1, 8, 32)])
+@pytest.mark.parametrize("heads,kvh,d,bs", [(6, 2, 16, 4), (9, 3, 64, 16), (8, 2, 64, 8), (10, 2, 64, 16),
+                                            (4, 4, 32, 16), (16, 1, 8, 32)])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_native_matches_torch(native: NativeKernels, batch: str, heads: int, kvh: int, d: int,
                               bs: int, threads: int) -> None:
@@ -61,6 +65,23 @@ def test_native_matches_torch(native: NativeKernels, batch: str, heads: int, kvh
 @pytest.mark.parametrize("batch", ["decode", "mixed"])
 def test_bfloat16_cache(native: NativeKernels, batch: str) -> None:
     run(native, BATCHES[batch], 9, 3, 64, 16, 2, torch.bfloat16, 2e-2)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "scalar"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_builds_without_avx512(tmp_path_factory: pytest.TempPathFactory, isa: str,
+                               dtype: torch.dtype, tol: float) -> None:
+    cache: Path = tmp_path_factory.mktemp(f"native-{isa}")
+    kernels = NativeKernels(build(cache, isa_flags(isa) if isa != "scalar" else []))
+    assert not kernels.fast_bf16_attention(64, 3)      # so auto keeps the model's cache dtype
+    for heads, kvh in ((9, 3), (8, 2)):
+        run(kernels, BATCHES["mixed"], heads, kvh, 64, 16, 2, dtype, tol)
+
+
+def test_the_fast_tile_takes_head_dim_64_and_up_to_4_heads_per_kv_head(native: NativeKernels) -> None:
+    avx512 = native.isa == "avx512"
+    assert native.fast_bf16_attention(64, 3) == avx512 and native.fast_bf16_attention(64, 4) == avx512
+    assert not native.fast_bf16_attention(64, 5) and not native.fast_bf16_attention(128, 2)
 
 
 def run(native: NativeKernels, seqs: list[tuple[int, int]], heads: int, kvh: int, d: int, bs: int,

@@ -195,12 +195,16 @@ def test_cpu_dtype_is_float32_with_the_native_kernels(monkeypatch: pytest.Monkey
     assert resolve_dtype("auto", torch.device("cuda"), arch, None) == torch.bfloat16
 
 
-def test_kv_cache_dtype_defaults_to_the_model_dtype_and_triton_refuses_another() -> None:
+def test_kv_cache_dtype_auto_and_triton_refusing_another() -> None:
     assert resolve_kv_dtype("auto", torch.float32, "native") == torch.float32
     assert resolve_kv_dtype("auto", torch.bfloat16, "triton") == torch.bfloat16
     assert resolve_kv_dtype("bfloat16", torch.float32, "native") == torch.bfloat16
     assert resolve_kv_dtype("bfloat16", torch.float32, "torch") == torch.bfloat16
     assert resolve_kv_dtype("bfloat16", torch.bfloat16, "triton") == torch.bfloat16
+    # Where the native attention reads bf16 at full speed, auto halves the cache.
+    assert resolve_kv_dtype("auto", torch.float32, "native", fast_bf16=True) == torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.float32, "torch", fast_bf16=True) == torch.float32
+    assert resolve_kv_dtype("float32", torch.float32, "native", fast_bf16=True) == torch.float32
     with pytest.raises(ValueError, match="triton"):
         resolve_kv_dtype("float32", torch.bfloat16, "triton")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
