@@ -76,8 +76,8 @@ class FusedDecode:
         h, kvh, d = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         capacity = 8 * num_threads      # partial attention results (attention.c's split)
         split = capacity * ((h // kvh) * d + 2 * MAX_GROUP)
-        sizes = [a.hidden_size, (h + 2 * kvh) * d, h * d, h * d, 2 * a.intermediate_size,
-                 a.intermediate_size]
+        sizes = [a.hidden_size * num_threads,       # x: each thread's normed rows (decode.c)
+                 (h + 2 * kvh) * d, h * d, h * d, 2 * a.intermediate_size, a.intermediate_size]
         bufs = [torch.empty(r * n) for n in sizes] + [torch.empty(split)]
         return bufs, Scratch(*(b.data_ptr() for b in bufs), capacity)
 
