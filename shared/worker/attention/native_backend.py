@@ -1,11 +1,13 @@
 """Paged attention on CPU through the native kernel (``shared/worker/native/attention.c``).
 
-Decode rows and short chunks over a cached prefix (up to ``NATIVE_MAX_QUERY`` tokens) read K/V
-in place through the block tables: no gathered copy per layer, no padding to the longest row,
-no masks, GQA without repeating K/V. Fresh prompts and long chunks keep SDPA: they are
-compute-bound, where its blocked matmuls beat the kernel's per-row dot products (one gather
-per layer is small beside q_len x context of work). Every query token is one row for the kernel: its block-table row and
-the number of keys it sees (its position + 1), so ragged batches need no grouping.
+Decode rows, short chunks (up to ``NATIVE_MAX_QUERY`` tokens) and every sequence whose context
+is at most ``NATIVE_MAX_CONTEXT`` tokens read K/V in place through the block tables: no gathered
+copy per layer, no padding to the longest row, no masks, GQA without repeating K/V. Long
+chunks over a long context keep SDPA: there the work (q_len x context) is compute-bound and
+its blocked matmuls beat the kernel's per-row dot products, while for short contexts SDPA's
+per-call cost and the gather dominate (README: per-layer times of both on fresh prompts and
+chunks). Every query token is one row for the kernel: its block-table row and the number of
+keys it sees (its position + 1), so ragged batches need no grouping.
 """
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ if TYPE_CHECKING:
     from shared.worker.native.build import NativeKernels
 
 NATIVE_MAX_QUERY = 16               # longer query chunks take SDPA (see above)
+NATIVE_MAX_CONTEXT = 512            # longer contexts with longer chunks take SDPA (see above)
+
+
+def takes_kernel(q_len: int, seq_len: int) -> bool:
+    """Whether a sequence's query tokens this step go through attention.c (else SDPA)."""
+    return q_len <= NATIVE_MAX_QUERY or seq_len <= NATIVE_MAX_CONTEXT
 
 
 @dataclass
@@ -32,7 +40,7 @@ class NativePlan:
     token_index: torch.Tensor | None   # [T] rows of the flat batch the kernel serves; None: all
     table_row: torch.Tensor            # [T] int32, each such token's row of block_tables
     ctx: torch.Tensor                  # [T] int32, keys each such token sees
-    sdpa: list[PrefillPlan]            # fresh prompts and long chunks
+    sdpa: list[PrefillPlan]            # long chunks over long contexts (fresh prompts too)
 
 
 def supports(num_heads: int, num_kv_heads: int, head_dim: int, cache_dtype: torch.dtype) -> bool:
@@ -53,7 +61,7 @@ class NativeAttention(TorchAttention):
         token_index, table_row, ctx, sdpa = [], [], [], []
         start = 0
         for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
-            if q_len > NATIVE_MAX_QUERY or (q_len > 1 and q_len == seq_len):
+            if not takes_kernel(q_len, seq_len):
                 sdpa.append(self._prefill_plan(meta, i, start, start + q_len))
             else:
                 token_index.extend(range(start, start + q_len))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shared.worker.attention.metadata import AttentionMetadata
-from shared.worker.attention.native_backend import NATIVE_MAX_QUERY, NativeAttention
+from shared.worker.attention.native_backend import NATIVE_MAX_CONTEXT, NATIVE_MAX_QUERY, NativeAttention
 from shared.worker.attention.torch_backend import TorchAttention
 from shared.worker.native.build import NativeKernels, build, isa_flags, load_native
 
@@ -48,7 +48,8 @@ def mixed_batch(seqs: list[tuple[int, int]], kvh: int, d: int, bs: int, dtype: t
 
 BATCHES = {
     "decode": [(1, 1), (37, 1), (200, 1), (16, 1), (17, 1)],
-    "mixed": [(40, 1), (30, 30), (70, 5), (300, NATIVE_MAX_QUERY + 4), (9, 1), (100, NATIVE_MAX_QUERY)],
+    "mixed": [(40, 1), (30, 30), (70, 5), (300, NATIVE_MAX_QUERY + 4), (9, 1), (100, NATIVE_MAX_QUERY),
+              (NATIVE_MAX_CONTEXT + 60, 40), (NATIVE_MAX_CONTEXT + 1, NATIVE_MAX_CONTEXT + 1)],  # SDPA
     "long": [(1500, 1)],            # one pair per KV head: split between threads, then merged
 }
 
@@ -98,5 +99,7 @@ def run(native: NativeKernels, seqs: list[tuple[int, int]], heads: int, kvh: int
     got = got_backend.forward(q, k, v, got_caches, plan)
     torch.testing.assert_close(got.float(), ref.float(), atol=tol, rtol=tol)
     assert torch.equal(got_caches[0], ref_caches[0]) and torch.equal(got_caches[1], ref_caches[1])
-    native_rows = sum(q for n, q in seqs if q <= NATIVE_MAX_QUERY and not 1 < q == n)
-    assert plan.ctx.numel() == native_rows        # which rows took the kernel
+    # which rows took the kernel: short chunks and short contexts, prompts or not
+    native_rows = sum(q for n, q in seqs if q <= NATIVE_MAX_QUERY or n <= NATIVE_MAX_CONTEXT)
+    assert plan.ctx.numel() == native_rows
+    assert len(plan.sdpa) == sum(q > NATIVE_MAX_QUERY and n > NATIVE_MAX_CONTEXT for n, q in seqs)
