@@ -142,7 +142,7 @@ class ModelRunner:
                                             self.block_size, self.kv_dtype, mc.device)
         self._set_attention_backend(explicit=mc.attention_backend != "auto")
         self.graphs = self._capture_graphs(config) if use_graphs else None
-        self.fused = None if sharded else self._fused_decode(mc.enforce_eager)
+        self.fused = None if sharded else self._fused_decode(config)
         self.attention_fn: Callable[..., object] = self.model.attn_backend.forward
         self.sampler = Sampler()
         quant = "float weights" if self.quantization is None else self.quantization.describe()
@@ -151,14 +151,18 @@ class ModelRunner:
                     quant, self.attention_backend, self.num_blocks, self.kv_dtype,
                     *("on" if x else "off" for x in (use_graphs, self.fused, self.malloc_tuned)))
 
-    def _fused_decode(self, enforce_eager: bool) -> FusedDecode | None:
-        """The native decode step for small CPU batches, when this model and dtype allow it."""
-        if self.native is None or enforce_eager or self.attention_backend != "native":
+    def _fused_decode(self, config: EngineConfig) -> FusedDecode | None:
+        """The native step for CPU batches, when this model and dtype allow it."""
+        if self.native is None or config.model.enforce_eager or self.attention_backend != "native":
             return None
         if (reason := unsupported_reason(self.model, self.kv_caches)) is not None:
             logger.info("fused decode step off: %s", reason)
             return None
-        return FusedDecode(self.model, self.kv_caches, self.native, torch.get_num_threads())
+        # Prompts and chunks too where the weights are quantized; float weights keep them on
+        # the eager model (the exact path).
+        max_tokens = config.scheduler.max_num_batched_tokens if self.quantization is not None else 0
+        return FusedDecode(self.model, self.kv_caches, self.native, torch.get_num_threads(),
+                           max_tokens)
 
     def _set_attention_backend(self, explicit: bool) -> None:
         a, name = self.arch, self.attention_backend

@@ -37,7 +37,7 @@ class Dims(ctypes.Structure):
 
 class Scratch(ctypes.Structure):
     _fields_ = [("x", ptr), ("qkv", ptr), ("q", ptr), ("attn", ptr), ("gate_up", ptr),
-                ("act", ptr), ("split", ptr), ("split_capacity", i64)]
+                ("act", ptr), ("split", ptr), ("split_capacity", i64), ("rows", i64)]
 
 
 def addr(t: torch.Tensor | None) -> int | None:

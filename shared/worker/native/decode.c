@@ -1,14 +1,17 @@
-/* A whole decode step of a Llama-family model in one call: every layer's RMSNorm, q/k/v GEMV,
- * RoPE, KV-cache write, paged attention, output GEMV plus residual, RMSNorm, gate/up GEMV,
- * SiLU * up and down GEMV plus residual, for up to MAX_ROWS decode tokens. One OpenMP region
- * for the whole step; the stages meet at the barriers of their `omp for`s. Python keeps the
- * embedding lookup, RoPE tables, the final norm and the lm_head. float32 activations; caches
- * float32 or bfloat16 (kv_bf16: half the bytes attention reads per context token); weights in
- * any of native.h's layouts. */
+/* A whole forward step of a Llama-family model in one call: every layer's RMSNorm, q/k/v GEMM,
+ * RoPE, KV-cache write, paged attention, output GEMM plus residual, RMSNorm, gate/up GEMM,
+ * SiLU * up and down GEMM plus residual, for up to Scratch.rows tokens of any mix: decode rows,
+ * prompt tokens, chunks over a cached prefix (each token a row with its sequence's block-table
+ * row and the keys it sees; all of a step's K/V are written before any row attends). One
+ * OpenMP region for the whole step; the stages meet at the barriers of their `omp for`s.
+ * Python keeps the embedding lookup, RoPE tables, the final norm and the lm_head. float32
+ * activations; caches float32 or bfloat16 (kv_bf16: half the bytes attention reads per context
+ * token); weights in any of native.h's layouts. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 #include "native.h"
+#include "xq.h"
 
 typedef struct {
     const float *in_norm, *post_norm;
@@ -23,29 +26,46 @@ typedef struct {
     float eps, scale;
 } Dims;
 
-/* Per step: buffers sized for MAX_ROWS rows by the caller; x has one such slice per thread. */
+/* Per step, sized by the caller for up to `rows` rows; x holds max(rows, threads x MAX_ROWS)
+ * rows (rmsnorm_step: a slice of MAX_ROWS rows per thread for small steps). */
 typedef struct {
     float *x, *qkv, *q, *attn, *gate_up, *act, *split;
-    int64_t split_capacity;
+    int64_t split_capacity, rows;
 } Scratch;
 
-/* Every thread normalises all rows itself into its own slice of s->x, so the GEMV that reads
- * them needs no barrier first: the rows are short, and at batch 1 a shared norm left one
- * thread waiting while the other normalised the only row. */
-static const float *rmsnorm_own(const float *h, const float *w, const Scratch *s, int64_t rows,
-                                int64_t n, float eps) {
-    float *out = s->x + (int64_t)omp_get_thread_num() * MAX_ROWS * n;
-    for (int64_t m = 0; m < rows; m++) {
-        const float *r = h + m * n;
-        const float inv = 1.0f / sqrtf(dot_f32(r, r, n) / (float)n + eps);
-        for (int64_t i = 0; i < n; i++) out[m * n + i] = w[i] * (r[i] * inv);
+/* out = w * r / rms(r); out may be r (Qwen3's per-head norms, in place). */
+static inline void norm_row(const float *r, const float *w, float *out, int64_t n, float eps) {
+    const float inv = 1.0f / sqrtf(dot_f32(r, r, n) / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (r[i] * inv);
+}
+
+/* Up to MAX_ROWS rows every thread normalises all of them itself into its own slice of s->x,
+ * so the GEMM that reads them needs no barrier first (at batch 1 a shared norm left one thread
+ * waiting while the other normalised the only row); more rows are split between the threads
+ * (the redundant work would cost more than the barrier). */
+static const float *rmsnorm_step(const float *h, const float *w, const Scratch *s, int64_t rows,
+                                 int64_t n, float eps) {
+    if (rows > MAX_ROWS) {          /* the same branch in every thread: the omp for is shared */
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < rows; m++) norm_row(h + m * n, w, s->x + m * n, n, eps);
+        return s->x;
     }
+    float *out = s->x + (int64_t)omp_get_thread_num() * MAX_ROWS * n;
+    for (int64_t m = 0; m < rows; m++) norm_row(h + m * n, w, out + m * n, n, eps);
     return out;
 }
 
-static void head_norm(float *x, const float *w, int64_t d, float eps) {
-    const float inv = 1.0f / sqrtf(dot_f32(x, x, d) / (float)d + eps);
-    for (int64_t i = 0; i < d; i++) x[i] = w[i] * (x[i] * inv);
+/* Above MAX_ROWS the int8-activation kernels round the rows once, split between the threads,
+ * into the step's shared buffer (gemv_for would have every thread round all of them). */
+static void gemm_step(const Mat *mat, const float *x, int64_t rows, float *out, int64_t ldo,
+                      int accumulate, XQ *shared) {
+    if (rows <= MAX_ROWS || (mat->kind != MAT_W8A8 && mat->kind != MAT_Q4V)) {
+        gemv_for(mat, x, rows, out, ldo, accumulate);
+        return;
+    }
+    xq_rows_for(shared, x, rows, mat->k);
+    if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, shared, rows, out, ldo, accumulate);
+    else w8a8_tiles_for(mat, shared, rows, out, ldo, accumulate);
 }
 
 /* Rotate-half RoPE of one head into dst: dst = x * cos + cat(-x2, x1) * sin. */
@@ -67,10 +87,10 @@ static void rope_store_for(const Dims *dm, const Layer *L, const Scratch *s, int
         float *x = s->qkv + m * width + head * D;
         const float *c = cos + m * D, *sn = sin + m * D;
         if (head < H) {
-            if (L->q_norm) head_norm(x, L->q_norm, D, dm->eps);
+            if (L->q_norm) norm_row(x, L->q_norm, x, D, dm->eps);
             rope(x, c, sn, D, s->q + (m * H + head) * D);
         } else if (head < H + KVH) {
-            if (L->k_norm) head_norm(x, L->k_norm, D, dm->eps);
+            if (L->k_norm) norm_row(x, L->k_norm, x, D, dm->eps);
             const int64_t at = (slots[m] * KVH + head - H) * D;
             if (!L->kv_bf16) {
                 rope(x, c, sn, D, (float *)L->k_cache + at);
@@ -115,34 +135,39 @@ static void silu_mul_for(const float *gu, float *out, int64_t rows, int64_t inte
 
 static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const Scratch *s, float *h,
                       int64_t rows, const float *cos, const float *sin, const int64_t *slots,
-                      const int32_t *table_row, const int32_t *seq_lens, int nthreads) {
+                      const int32_t *table_row, const int32_t *ctx, XQ *xq, int nthreads) {
     const int64_t hid = dm->hidden;
-    gemv_for(&L->qkv, rmsnorm_own(h, L->in_norm, s, rows, hid, dm->eps), rows, s->qkv, L->qkv.n, 0);
+    gemm_step(&L->qkv, rmsnorm_step(h, L->in_norm, s, rows, hid, dm->eps), rows, s->qkv, L->qkv.n,
+              0, xq);
     rope_store_for(dm, L, s, rows, cos, sin, slots);
-    attend_split_for(kv, s->q, rows, table_row, seq_lens, s->attn, s->split, s->split_capacity,
-                     nthreads);
-    gemv_for(&L->o, s->attn, rows, h, hid, 1);
-    gemv_for(&L->gate_up, rmsnorm_own(h, L->post_norm, s, rows, hid, dm->eps), rows, s->gate_up,
-             L->gate_up.n, 0);
+    attend_split_for(kv, s->q, rows, table_row, ctx, s->attn, s->split, s->split_capacity, nthreads);
+    gemm_step(&L->o, s->attn, rows, h, hid, 1, xq);
+    gemm_step(&L->gate_up, rmsnorm_step(h, L->post_norm, s, rows, hid, dm->eps), rows, s->gate_up,
+              L->gate_up.n, 0, xq);
     silu_mul_for(s->gate_up, s->act, rows, dm->inter);
-    gemv_for(&L->down, s->act, rows, h, hid, 1);
+    gemm_step(&L->down, s->act, rows, h, hid, 1, xq);
 }
 
 /* h [rows, hidden] holds the embeddings on entry and the last layer's output on return
- * (before the final norm). tables [rows, max_blocks] and seq_lens [rows] describe each row's
- * sequence after this step; slots [rows] are where this step's K/V go. */
+ * (before the final norm). Row m is a token of the sequence whose block table is
+ * tables[table_row[m]] ([sequences, max_blocks]); it attends to that sequence's first ctx[m]
+ * keys (its position + 1) and its own K/V go to slots[m]. */
 int decode_forward(const Dims *dm, const Layer *layers, float *h, int64_t rows, const float *cos,
                    const float *sin, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
-                   int64_t block_size, const int32_t *seq_lens, const Scratch *s, int nthreads) {
-    if (rows < 1 || rows > MAX_ROWS || dm->heads % dm->kv_heads || dm->dim > MAX_DIM) return -1;
-    int32_t table_row[MAX_ROWS];
-    for (int64_t m = 0; m < rows; m++) table_row[m] = (int32_t)m;
+                   int64_t block_size, const int32_t *table_row, const int32_t *ctx,
+                   const Scratch *s, int nthreads) {
+    if (rows < 1 || rows > s->rows || dm->heads % dm->kv_heads || dm->dim > MAX_DIM) return -1;
+    XQ xq = {0};
+    const int64_t k = dm->inter > dm->hidden ? dm->inter : dm->hidden;
+    if (rows > MAX_ROWS && xq_reserve(&xq, rows, k > dm->heads * dm->dim ? k : dm->heads * dm->dim))
+        return -1;
     #pragma omp parallel num_threads(nthreads)
     for (int64_t i = 0; i < dm->num_layers; i++) {
         const Layer *L = layers + i;
         const PagedKV kv = {L->k_cache, L->v_cache, tables, max_blocks, block_size, dm->heads,
                             dm->kv_heads, dm->dim, L->kv_bf16, dm->scale};
-        layer_for(dm, L, &kv, s, h, rows, cos, sin, slots, table_row, seq_lens, nthreads);
+        layer_for(dm, L, &kv, s, h, rows, cos, sin, slots, table_row, ctx, &xq, nthreads);
     }
+    xq_free(&xq);
     return 0;
 }

@@ -1,10 +1,13 @@
-"""The fused native decode step: all decoder layers of a small decode batch in one C call.
+"""The fused native step: all decoder layers of a step in one C call.
 
 At one token per step the eager model spends more time dispatching ~15 small torch ops per
 layer than multiplying; ``decode.c`` runs a whole step's layers inside one OpenMP region.
 Python keeps what is cheap and model-specific: the embedding lookup, the RoPE tables (every
-RoPE variant of ``RotaryEmbedding``), the final norm and the lm_head. A step it cannot take
-(a prefill chunk, more rows than ``native.max_rows``) runs the eager model as before.
+RoPE variant of ``RotaryEmbedding``), the final norm and the lm_head. It takes decode steps of
+up to ``native.max_rows`` rows with any weights, and, with int8-activation weights (W8A8 or
+Q4V above ``native.max_rows`` rows), steps of up to ``max_tokens`` tokens of any mix: prompts,
+chunks and decode rows. ``--quantization none`` keeps prompts on the eager model (the exact
+float path). A step it cannot take runs the eager model as before.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import torch
 from shared.worker.attention.metadata import AttentionMetadata
 from shared.worker.attention.native_backend import supports as native_supports
 from shared.worker.models.layers import Linear
-from shared.worker.native.abi import MAX_GROUP, Dims, Layer, Mat, Scratch, addr, with_bias
+from shared.worker.native.abi import MAT_Q4V, MAT_W8A8, MAX_GROUP, Dims, Layer, Mat, Scratch, addr, with_bias
 from shared.worker.quant.formats import Dense, WeightFormat
 from shared.worker.quant.linear import QuantLinear
 
@@ -59,33 +62,40 @@ def unsupported_reason(model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tens
 
 
 class FusedDecode:
-    """Runs decode steps of up to ``native.max_rows`` rows through ``decode.c``."""
+    """Runs steps through ``decode.c`` (see the module docstring for which)."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 native: NativeKernels, num_threads: int) -> None:
+                 native: NativeKernels, num_threads: int, max_tokens: int = 0) -> None:
         a = model.arch
         self.model, self.native, self.num_threads = model, native, num_threads
         self.kv_caches = kv_caches      # kept alive: the C structs hold their pointers
         self.dims = Dims(a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim,
                          a.intermediate_size, a.num_hidden_layers, a.rms_norm_eps, a.head_dim ** -0.5)
-        self._layers: dict[int, ctypes.Array[Layer] | None] = {}   # by rows: formats may differ
+        self.takes_prompts = max_tokens > 0
+        self.capacity = max(native.max_rows, max_tokens)
+        self._rows = torch.arange(self.capacity, dtype=torch.int32)
+        self._layers: dict[tuple, ctypes.Array[Layer] | None] = {}     # by the formats rows take
         self._scratch, self._scratch_struct = self._alloc_scratch(num_threads)
 
     def _alloc_scratch(self, num_threads: int) -> tuple[list[torch.Tensor], Scratch]:
-        a, r = self.model.arch, self.native.max_rows
+        a, r = self.model.arch, self.capacity
         h, kvh, d = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         capacity = 8 * num_threads      # partial attention results (attention.c's split)
         split = capacity * ((h // kvh) * d + 2 * MAX_GROUP)
-        sizes = [a.hidden_size * num_threads,       # x: each thread's normed rows (decode.c)
-                 (h + 2 * kvh) * d, h * d, h * d, 2 * a.intermediate_size, a.intermediate_size]
-        bufs = [torch.empty(r * n) for n in sizes] + [torch.empty(split)]
-        return bufs, Scratch(*(b.data_ptr() for b in bufs), capacity)
+        x_rows = max(r, num_threads * self.native.max_rows)     # decode.c's rmsnorm_step
+        sizes = [(h + 2 * kvh) * d, h * d, h * d, 2 * a.intermediate_size, a.intermediate_size]
+        bufs = ([torch.empty(x_rows * a.hidden_size)] + [torch.empty(r * n) for n in sizes]
+                + [torch.empty(split)])
+        return bufs, Scratch(*(b.data_ptr() for b in bufs), capacity, r)
 
     def layers_for(self, rows: int) -> ctypes.Array[Layer] | None:
         """The C description of every layer with the weight formats ``rows`` dispatches to."""
-        if rows not in self._layers:
-            self._layers[rows] = self._build_layers(rows)
-        return self._layers[rows]
+        attn, mlp = self.model.layers[0].self_attn, self.model.layers[0].mlp
+        key = tuple(m.dispatch.format_for(rows) if isinstance(m, QuantLinear) else None
+                    for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+        if key not in self._layers:
+            self._layers[key] = self._build_layers(rows)
+        return self._layers[key]
 
     def _build_layers(self, rows: int) -> ctypes.Array[Layer] | None:
         out = (Layer * len(self.model.layers))()
@@ -101,22 +111,37 @@ class FusedDecode:
         return out
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        rows = meta.num_seqs
-        return (rows <= self.native.max_rows and meta.num_tokens == rows
-                and all(q == 1 for q in meta.query_lens_list) and self.layers_for(rows) is not None)
+        tokens = meta.num_tokens
+        if tokens > self.capacity or not (self.takes_prompts
+                                          or all(q == 1 for q in meta.query_lens_list)):
+            return False
+        layers = self.layers_for(tokens)
+        if layers is None:
+            return False
+        # Above max_rows only the int8-activation kernels have decode.c's shared rounding.
+        return tokens <= self.native.max_rows or all(
+            m.kind in (MAT_W8A8, MAT_Q4V) for m in (layers[0].qkv, layers[0].o, layers[0].gate_up,
+                                                    layers[0].down))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             meta: AttentionMetadata) -> torch.Tensor:
-        """The final-normed hidden states [rows, hidden], as the eager model returns them."""
-        model, rows = self.model, meta.num_seqs
+        """The final-normed hidden states [tokens, hidden], as the eager model returns them."""
+        model, rows = self.model, meta.num_tokens
         h = model.embed_tokens(input_ids).contiguous()
         cos, sin = model.rotary.cos_sin(positions, model.token_seq_lens(meta), h.dtype)
         cos, sin = cos.contiguous(), sin.contiguous()
         tables = meta.block_tables.contiguous()
+        if rows == meta.num_seqs:       # one token a sequence: row i is sequence i
+            table_row, ctx = self._rows, meta.seq_lens
+        else:                           # each token its sequence's table and position + 1 keys
+            table_row = torch.repeat_interleave(self._rows[:meta.num_seqs],
+                                                torch.tensor(meta.query_lens_list))
+            ctx = (positions + 1).to(torch.int32)
+        ctx = ctx.contiguous()      # held here: the C call reads its memory
         rc = self.native.decode_forward(
             ctypes.addressof(self.dims), ctypes.addressof(self.layers_for(rows)), h.data_ptr(), rows,
             cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(),
-            tables.shape[1], meta.block_size, meta.seq_lens.data_ptr(),
+            tables.shape[1], meta.block_size, table_row.data_ptr(), ctx.data_ptr(),
             ctypes.addressof(self._scratch_struct), self.num_threads)
         if rc != 0:
             raise RuntimeError(f"decode_forward refused {rows} rows")

@@ -1,7 +1,8 @@
 """The fused native decode step against the eager model on the same weights and caches: ragged
 contexts over shuffled blocks, every family's options (GQA, q/k/v bias, q/k norm), float32,
 int8, int4 and W8A8 weights, float32 and bfloat16 caches, with and without the split of long
-contexts between threads."""
+contexts between threads; steps of prompts, chunks and decode rows together, and past
+native.max_rows with W8A8."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ from shared.worker.native.build import NativeKernels, load_native
 from shared.worker.native.decode import FusedDecode, unsupported_reason
 from shared.worker.quant.linear import Dispatch, quantize_model
 from tests.kernels.helpers import tiny_model
+from tests.shared.worker.native.test_attention import mixed_batch
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +136,66 @@ def test_steps_it_cannot_take(native: NativeKernels) -> None:
     assert "bfloat16" in unsupported_reason(bf16, random_caches(bf16, 2, 16, 0))
     fp16_cache = random_caches(model, 2, 16, 0, torch.float16)
     assert "KV cache" in unsupported_reason(tiny_model(torch.float32), fp16_cache)
+
+
+def run_mixed(model, native: NativeKernels, seqs: list[tuple[int, int]], max_tokens: int,
+              tol: float, flips: int = 0) -> None:
+    """A step of any mix (seqs: context after the step, tokens new this step) fused and eager;
+    ``flips``: rows allowed past ``tol``."""
+    a = model.arch
+    meta, (k, _) = mixed_batch(seqs, a.num_key_value_heads, a.head_dim, 16, torch.float32, seed=3)
+    eager_caches = random_caches(model, k.shape[0], 16, seed=4)
+    fused_caches = [(k.clone(), v.clone()) for k, v in eager_caches]
+    ids = torch.randint(0, a.vocab_size, (meta.num_tokens,), generator=torch.Generator().manual_seed(5))
+    positions = torch.tensor([p for n, q in seqs for p in range(n - q, n)])
+    fused = FusedDecode(model, fused_caches, native, 2, max_tokens)
+    assert fused.can_run(meta)
+    with torch.inference_mode():
+        expected = model(ids, positions, meta, eager_caches)
+        got = fused.run(ids, positions, meta)
+    if flips:   # int8 rounding: a 1e-7 difference can flip one group's rounding in a row
+        off = ((got - expected).abs() > tol + tol * expected.abs()).any(1)
+        assert off.sum() <= flips and (got - expected).norm() <= 2e-3 * expected.norm()
+    else:
+        torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    for (ke, ve), (kf, vf) in zip(eager_caches, fused_caches):    # every new token's K/V
+        torch.testing.assert_close(kf, ke, atol=tol, rtol=tol)
+        torch.testing.assert_close(vf, ve, atol=tol, rtol=tol)
+
+
+# Decode rows, a fresh prompt, chunks over a cached prefix and a one-token prompt, 53 tokens.
+MIXED = [(40, 1), (30, 30), (70, 5), (9, 1), (100, 16), (1, 1)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompts_and_chunks_match_eager(native: NativeKernels, family: str) -> None:
+    # Each token is a row with its sequence's table and position + 1 keys; all of the step's
+    # K/V are in the cache before any row attends (the prompt's causal attention).
+    model = tiny_model(torch.float32, seed=13, std=0.1, **FAMILIES[family])
+    run_mixed(model, native, MIXED, max_tokens=64, tol=2e-4)
+
+
+def test_a_step_past_max_rows_rounds_its_rows_once(native: NativeKernels) -> None:
+    # 231 tokens: above native.max_rows the W8A8 GEMMs round the rows once, split between the
+    # threads (decode.c's gemm_step); float weights are not taken there.
+    seqs = [(200, 150), (40, 1), (9, 1), (64, 64), (80, 15)]
+    model = tiny_model(torch.float32, seed=5, std=0.1, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=1)
+    meta, (k, _) = mixed_batch(seqs, model.arch.num_key_value_heads, model.arch.head_dim, 16,
+                               torch.float32, seed=3)
+    assert not FusedDecode(model, random_caches(model, k.shape[0], 16, 0), native, 2, 256).can_run(meta)
+    quantize_model(model, Dispatch.single("w8a8"), torch.float32, native)
+    if not native.vnni:         # no C path for W8A8 without VNNI: eager only
+        assert not FusedDecode(model, random_caches(model, k.shape[0], 16, 0), native, 2, 256).can_run(meta)
+        return
+    assert not FusedDecode(model, random_caches(model, k.shape[0], 16, 0), native, 2, 230).can_run(meta)
+    run_mixed(model, native, seqs, max_tokens=256, tol=2e-4, flips=3)
+
+
+def test_which_steps_take_prompts(native: NativeKernels) -> None:
+    model = tiny_model(torch.float32, std=0.1)
+    a = model.arch
+    meta, (k, _) = mixed_batch(MIXED, a.num_key_value_heads, a.head_dim, 16, torch.float32, seed=3)
+    caches = random_caches(model, k.shape[0], 16, 0)
+    assert not FusedDecode(model, caches, native, 2).can_run(meta)          # decode steps only
+    assert FusedDecode(model, caches, native, 2, max_tokens=53).can_run(meta)
