@@ -71,7 +71,8 @@ _MAP: dict[Step, tuple[str, str]] = {
                    "`shared/engine_core.py` (`EngineCore.run_forward`)"),
     Step.ATTENTION: ("attention reads K/V through block tables",
                      "`shared/worker/native/decode.py` (`FusedDecode.run`: CPU decode steps of "
-                     "up to 64 rows), `shared/worker/attention/native_backend.py` "
+                     "up to 64 rows; with quantized weights every step up to the token budget), "
+                     "`shared/worker/attention/native_backend.py` "
                      "(`NativeAttention.forward`, CPU), `shared/worker/attention/torch_backend.py` "
                      "(`TorchAttention.forward`, fallback), `shared/worker/attention/triton_backend.py` "
                      "(`TritonAttention.forward`, `kernels/`, CUDA)"),
