@@ -63,9 +63,7 @@ static void gemm_step(const Mat *mat, const float *x, int64_t rows, float *out, 
         gemv_for(mat, x, rows, out, ldo, accumulate);
         return;
     }
-    xq_rows_for(shared, x, rows, mat->k);
-    if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, shared, rows, out, ldo, accumulate);
-    else w8a8_tiles_for(mat, shared, rows, out, ldo, accumulate);
+    w8a8_rows_for(mat, shared, x, rows, out, ldo, accumulate);
 }
 
 /* Rotate-half RoPE of one head into dst: dst = x * cos + cat(-x2, x1) * sin. */

@@ -86,6 +86,12 @@ static void tile(const Mat *mat, const XQ *xq, int64_t m0, const int M, int64_t 
 #define TILES_FOR w8a8_tiles_for
 #include "tiles.h"
 
+static void multiply_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo,
+                         int accumulate) {
+    if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, xq, rows, out, ldo, accumulate);
+    else w8a8_tiles_for(mat, xq, rows, out, ldo, accumulate);
+}
+
 /* Inside the fused decode step: every thread rounds the (at most MAX_ROWS) rows itself into its
  * own buffer, which costs less than a barrier; the buffer lives as long as the thread. */
 static __thread XQ thread_xq;
@@ -95,23 +101,23 @@ void w8a8_gemv_for(const Mat *mat, const float *x, int64_t rows, float *out, int
     if (xq_reserve(xq, MAX_ROWS > rows ? MAX_ROWS : rows, MAX_K > mat->k ? MAX_K : mat->k))
         abort();    /* no 256 KB for this thread: returning would leave the others at a barrier */
     for (int64_t m = 0; m < rows; m++) xq_row(xq, x, m, mat->k);
-    if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, xq, rows, out, ldo, accumulate);
-    else w8a8_tiles_for(mat, xq, rows, out, ldo, accumulate);
+    multiply_for(mat, xq, rows, out, ldo, accumulate);
 }
 
-/* out [M, n] = x W^T for any M and a MAT_W8A8 or MAT_Q4V weight: the threads round the rows
- * once, together, then multiply. */
+void w8a8_rows_for(const Mat *mat, XQ *xq, const float *x, int64_t rows, float *out, int64_t ldo,
+                   int accumulate) {
+    xq_rows_for(xq, x, rows, mat->k);
+    multiply_for(mat, xq, rows, out, ldo, accumulate);
+}
+
+/* out [M, n] = x W^T for any M and a MAT_W8A8 or MAT_Q4V weight. */
 int mat_gemm_w8a8(const Mat *mat, const float *x, int64_t M, float *out, int nthreads) {
     if ((mat->kind != MAT_W8A8 && mat->kind != MAT_Q4V) || M < 1 || mat->n % LANES || mat->k % W8_GROUP)
         return -1;
     XQ xq = {0};
     if (xq_reserve(&xq, M, mat->k)) return -1;
     #pragma omp parallel num_threads(nthreads)
-    {
-        xq_rows_for(&xq, x, M, mat->k);
-        if (mat->kind == MAT_Q4V) q4v_tiles_for(mat, &xq, M, out, mat->n, 0);
-        else w8a8_tiles_for(mat, &xq, M, out, mat->n, 0);
-    }
+    w8a8_rows_for(mat, &xq, x, M, out, mat->n, 0);
     xq_free(&xq);
     return 0;
 }

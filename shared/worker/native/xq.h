@@ -22,6 +22,10 @@ typedef struct {
  * ends at a barrier). */
 void w8a8_tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc);
 void q4v_tiles_for(const Mat *mat, const XQ *xq, int64_t rows, float *out, int64_t ldo, int acc);
+/* A MAT_W8A8 or MAT_Q4V GEMM over many rows (w8a8.c): the threads round x's rows once,
+ * together, into xq (sized for them), then multiply; ends at a barrier. */
+void w8a8_rows_for(const Mat *mat, XQ *xq, const float *x, int64_t rows, float *out, int64_t ldo,
+                   int acc);
 
 static inline void xq_free(XQ *xq) {
     free(xq->q); free(xq->scale); free(xq->gsum); free(xq->corr);
