@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="passed to twinserve (default: the server's own)")
     p.add_argument("--prefill-step-ratio", type=float,
                    help="passed to twinserve (default: the server's own; 0: no pacing)")
+    p.add_argument("--prefill-pace-threshold", type=int,
+                   help="passed to twinserve (default: the server's own; 0: pace every prompt)")
     p.add_argument("--max-num-batched-tokens", type=int,
                    help="twinserve's per-step token budget (default: the harness's 1024)")
     for f in fields(LongWorkload):
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         ["--long-prefill-token-threshold", str(ns.long_prefill_token_threshold)]
     if ns.prefill_step_ratio is not None:
         extra += ["--prefill-step-ratio", str(ns.prefill_step_ratio)]
+    if ns.prefill_pace_threshold is not None:
+        extra += ["--prefill-pace-threshold", str(ns.prefill_pace_threshold)]
     settings = None
     if ns.max_num_batched_tokens is not None:
         settings = ServerSettings(str(resolve_model(None)), max_num_batched_tokens=ns.max_num_batched_tokens)

@@ -77,6 +77,9 @@ class SchedulerConfig:
     # about this many times a decode-only step, from the engine's own step times (0: off;
     # off by default: on the AMX Xeon it cost W1 11-20% of its throughput, README).
     prefill_step_ratio: float = 0.0
+    # Requests of at most this many tokens fill whole, outside the pacer's cap (0: every
+    # prompt is paced): only long prompts are cut to protect the streams.
+    prefill_pace_threshold: int = 0
     scheduling_policy: str = "fcfs"   # fcfs | priority (lower request priority runs first)
     debug_fail_request_seed: int | None = None  # testing only: requests with this seed fail
 
@@ -89,6 +92,8 @@ class SchedulerConfig:
             raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.prefill_step_ratio != 0 and self.prefill_step_ratio <= 1:
             raise ValueError("prefill_step_ratio must be 0 (off) or > 1")
+        if self.prefill_pace_threshold < 0:
+            raise ValueError("prefill_pace_threshold must be >= 0")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be fcfs or priority, not {self.scheduling_policy!r}")
 

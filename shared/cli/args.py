@@ -27,6 +27,8 @@ HELP = {
     "prefill_step_ratio": "while requests decode, cap a step's prompt tokens so the step takes at "
                           "most about this many times a decode-only step, learnt from the "
                           "engine's step times (0: off, prompts get the whole budget)",
+    "prefill_pace_threshold": "with --prefill-step-ratio, requests of at most this many tokens "
+                              "fill whole, outside the cap; longer ones are paced (0: all)",
     "scheduling_policy": "fcfs | priority: priority admits waiting requests by (priority, arrival) "
                          "and preempts the lowest-priority, newest running one first; fcfs "
                          "refuses a request priority other than 0",

@@ -40,6 +40,10 @@ class PrefillPacer:
     ratio: float            # 0: off, the cap is always ``ceiling``
     floor: int              # fewest prompt tokens a step may carry beside decodes
     ceiling: int            # the step's token budget
+    # Requests of at most this many tokens (prompt, or prompt and output on a recompute) fill
+    # whole, outside the cap: a chat turn's prompt is what a server's streams bring in all
+    # the time, and cutting it only costs throughput; the long ones are what stall streams.
+    threshold: int = 0
     decode_step: float | None = None   # seconds, a decode-only forward (running average)
     limit: int | None = None           # the cap learnt so far (None: the ceiling)
 
@@ -53,11 +57,19 @@ class PrefillPacer:
             return self.ceiling
         return self.cap(sum(1 for r in running if r.num_tokens - r.num_computed_tokens == 1))
 
+    def paces(self, request: Request) -> bool:
+        """Whether ``request``'s prompt (or recompute) chunks count against the cap."""
+        return self.enabled and request.num_tokens > self.threshold
+
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """Learn from the forward of one scheduled step."""
-        if self.enabled:
-            num_decoding = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
-            self.observe(num_decoding, out.num_scheduled_tokens - num_decoding, seconds)
+        if not self.enabled:
+            return
+        num_decoding = sum(1 for s in out.scheduled if s.num_new_tokens == 1)
+        chunks = [s for s in out.scheduled if s.num_new_tokens > 1]
+        if any(not self.paces(s.request) for s in chunks):
+            return      # a whole short prompt ran too: the step's time is not the cap's doing
+        self.observe(num_decoding, sum(s.num_new_tokens for s in chunks), seconds)
 
     def cap(self, num_decoding: int) -> int:
         """Prompt tokens the next step may compute beside ``num_decoding`` decode rows."""

@@ -45,7 +45,8 @@ class Scheduler:
         self._chunk_cap = cfg.long_prefill_token_threshold or cfg.max_num_batched_tokens
         # Prompt tokens a step may carry while others decode (the engine feeds it step times).
         budget = cfg.max_num_batched_tokens
-        self.pacer = PrefillPacer(cfg.prefill_step_ratio, min(DEFAULT_FLOOR, budget), budget)
+        self.pacer = PrefillPacer(cfg.prefill_step_ratio, min(DEFAULT_FLOOR, budget), budget,
+                                  cfg.prefill_pace_threshold)
         self._prompt_left = 0                       # of the pacer's cap, in this schedule()
         self.max_model_len = max_model_len
         self.kv_cache_manager = KVCacheManager(cache_config.num_blocks, cache_config.block_size,
@@ -98,7 +99,7 @@ class Scheduler:
         self._prompt_left = self.pacer.step_cap(self.running)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted_ids:   # blocks are short: let running requests catch up first
-            self._schedule_waiting(out, min(budget, self._prompt_left))
+            self._schedule_waiting(out, budget)
         out.num_scheduled_tokens = sum(s.num_new_tokens for s in out.scheduled)
         if out.scheduled:
             # An empty step never reaches the runner: keep the ids for the next real one.
@@ -112,8 +113,7 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget, self._chunk_cap)
             if num_new > 1:      # a prompt (or recompute) chunk: within the pacer's cap
-                num_new = min(num_new, self._prompt_left)
-                self._prompt_left -= num_new
+                num_new = self._paced(req, num_new)
             if num_new <= 0:     # not sampled last step, or the step's prompt tokens are spent
                 i += 1
                 continue
@@ -187,9 +187,24 @@ class Scheduler:
         kv = self.kv_cache_manager
         hits, num_hit = kv.get_computed_blocks(req)
         num_new = min(req.num_tokens - num_hit, budget, self._chunk_cap)
-        if not kv.allocate_slots(req, num_new, hits):
-            return 0
+        paced = num_new > 1 and self.pacer.paces(req)
+        if paced:
+            num_new = min(num_new, self._prompt_left)
+        if num_new <= 0 or not kv.allocate_slots(req, num_new, hits):
+            return 0    # the step's prompt tokens are spent, or its blocks do not fit
+        if paced:
+            self._prompt_left -= num_new
         self._start(index, out, num_hit, num_new, num_hit)
+        return num_new
+
+    def _paced(self, req: Request, num_new: int) -> int:
+        """A running request's chunk of ``num_new`` tokens, within what is left of the pacer's
+        cap when it paces ``req`` (the cap is taken at once: a chunk that then does not fit
+        preempts until it does, or the request is itself preempted and the step ends)."""
+        if not self.pacer.paces(req):
+            return num_new
+        num_new = min(num_new, self._prompt_left)
+        self._prompt_left -= num_new
         return num_new
 
     def _start(self, index: int, out: SchedulerOutput, num_done: int, num_new: int,

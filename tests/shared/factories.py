@@ -35,11 +35,13 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int 
                    max_num_batched_tokens: int = 64, max_model_len: int = 512,
                    enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs",
                    long_prefill_token_threshold: int = 0,
-                   prefill_step_ratio: float = 2.0) -> Scheduler:
+                   prefill_step_ratio: float = 2.0,
+                   prefill_pace_threshold: int = 0) -> Scheduler:
     sched_cfg = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 scheduling_policy=scheduling_policy,
                                 long_prefill_token_threshold=long_prefill_token_threshold,
-                                prefill_step_ratio=prefill_step_ratio)
+                                prefill_step_ratio=prefill_step_ratio,
+                                prefill_pace_threshold=prefill_pace_threshold)
     cache_cfg = CacheConfig(block_size=block_size, num_blocks=num_blocks,
                             enable_prefix_caching=enable_prefix_caching)
     return Scheduler(sched_cfg, cache_cfg, max_model_len)

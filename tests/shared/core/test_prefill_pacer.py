@@ -104,3 +104,27 @@ def test_without_decodes_a_prompt_gets_the_whole_budget() -> None:
     sched.add_request(make_request("alone", 100, max_tokens=2))
     run_step(sched, model, log)
     assert log.steps[-1].scheduled[0].num_new_tokens == 100
+
+
+def test_prompts_up_to_the_threshold_fill_whole_and_only_longer_ones_are_paced() -> None:
+    sched = make_scheduler(num_blocks=1024, max_num_batched_tokens=1024, max_model_len=4096,
+                           prefill_pace_threshold=256)
+    model, log = FakeModel(4), RunLog()
+    for i in range(2):
+        sched.add_request(make_request(f"d{i}", 3, max_tokens=100))
+    run_step(sched, model, log)                 # their prompts; from here on they decode
+    sched.pacer.decode_step, sched.pacer.limit = 0.010, 64
+    sched.add_request(make_request("short", 256, max_tokens=1))
+    sched.add_request(make_request("long", 257, max_tokens=1))
+    run_step(sched, model, log)
+    chunks = {s.request.request_id: s.num_new_tokens for s in log.steps[-1].scheduled}
+    assert chunks == {"d0": 1, "d1": 1, "short": 256, "long": 64}
+    sched.observe_step(log.steps[-1], 1.0)      # a whole short prompt in it: nothing learnt
+    assert sched.pacer.limit == 64
+    run_step(sched, model, log)
+    chunks = {s.request.request_id: s.num_new_tokens for s in log.steps[-1].scheduled}
+    assert chunks == {"d0": 1, "d1": 1, "long": 64}
+    sched.observe_step(log.steps[-1], 0.015)    # paced chunks alone, at the cap with room: grow
+    assert sched.pacer.limit == 81
+    with pytest.raises(ValueError, match="prefill_pace_threshold"):
+        SchedulerConfig(prefill_pace_threshold=-1)
