@@ -162,7 +162,7 @@ class ModelRunner:
         # the eager model (the exact path).
         max_tokens = config.scheduler.max_num_batched_tokens if self.quantization is not None else 0
         return FusedDecode(self.model, self.kv_caches, self.native, torch.get_num_threads(),
-                           max_tokens)
+                           max_tokens, self.max_model_len)
 
     def _set_attention_backend(self, explicit: bool) -> None:
         a, name = self.arch, self.attention_backend

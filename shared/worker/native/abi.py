@@ -35,6 +35,12 @@ class Dims(ctypes.Structure):
                 ("num_layers", i64), ("eps", f32), ("scale", f32)]
 
 
+class StepIO(ctypes.Structure):
+    _fields_ = [("h", ptr), ("rows", i64), ("ids", ptr), ("embed", ptr), ("final_norm", ptr),
+                ("cos", ptr), ("sin", ptr), ("rope_row", ptr), ("slots", ptr), ("tables", ptr),
+                ("max_blocks", i64), ("block_size", i64), ("table_row", ptr), ("ctx", ptr)]
+
+
 class Scratch(ctypes.Structure):
     _fields_ = [("x", ptr), ("qkv", ptr), ("q", ptr), ("attn", ptr), ("gate_up", ptr),
                 ("act", ptr), ("split", ptr), ("split_capacity", i64), ("rows", i64)]

@@ -94,8 +94,7 @@ class NativeKernels:
         # Every pointer is a c_void_p (tensor.data_ptr(), ctypes.addressof(struct)).
         lib.mat_gemm_small.argtypes = [ptr, ptr, i64, ptr, c_int]
         lib.mat_gemm_w8a8.argtypes = [ptr, ptr, i64, ptr, c_int]
-        lib.decode_forward.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, ptr,
-                                       c_int]
+        lib.decode_forward.argtypes = [ptr, ptr, ptr, ptr, c_int]
         lib.paged_attention.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, c_int]
         for f in (lib.mat_gemm_small, lib.mat_gemm_w8a8, lib.decode_forward, lib.paged_attention):
             f.restype = c_int

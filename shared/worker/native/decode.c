@@ -3,8 +3,9 @@
  * SiLU * up and down GEMM plus residual, for up to Scratch.rows tokens of any mix: decode rows,
  * prompt tokens, chunks over a cached prefix (each token a row with its sequence's block-table
  * row and the keys it sees; all of a step's K/V are written before any row attends). One
- * OpenMP region for the whole step; the stages meet at the barriers of their `omp for`s.
- * Python keeps the embedding lookup, RoPE tables, the final norm and the lm_head. float32
+ * OpenMP region for the whole step, from the embedding lookup to the final RMSNorm; the
+ * stages meet at the barriers of their `omp for`s. Python keeps the RoPE tables and the
+ * lm_head: torch ops between weight-streaming C calls ran 5-10x their warm time. float32
  * activations; caches float32 or bfloat16 (kv_bf16: half the bytes attention reads per context
  * token); weights in any of native.h's layouts. */
 #include <math.h>
@@ -25,6 +26,21 @@ typedef struct {
     int64_t hidden, heads, kv_heads, dim, inter, num_layers;
     float eps, scale;
 } Dims;
+
+/* One step's inputs and output (FusedDecode fills one per model and updates it per step). */
+typedef struct {
+    float *h;                   /* [rows, hidden]: the final-normed hidden states on return */
+    int64_t rows;
+    const int64_t *ids;         /* token ids: h starts as their rows of embed */
+    const float *embed;         /* [vocab, hidden] */
+    const float *final_norm;    /* [hidden], or NULL: h is returned before the final norm */
+    const float *cos, *sin;     /* RoPE tables [*, dim]: row m rotates by row rope_row[m] */
+    const int64_t *rope_row;    /* (its position into a per-model table, or m per step) */
+    const int64_t *slots;       /* row m's K/V go to cache slot slots[m] */
+    const int32_t *tables;      /* block tables [sequences, max_blocks] */
+    int64_t max_blocks, block_size;
+    const int32_t *table_row, *ctx;     /* row m: its block-table row, the keys it sees */
+} StepIO;
 
 /* Per step, sized by the caller for up to `rows` rows; x holds max(rows, threads x MAX_ROWS)
  * rows (rmsnorm_step: a slice of MAX_ROWS rows per thread for small steps). */
@@ -76,14 +92,14 @@ static void rope(const float *x, const float *cos, const float *sin, int64_t d, 
 }
 
 /* q heads -> rotated into s->q; k heads -> rotated into the cache slot; v heads -> the slot. */
-static void rope_store_for(const Dims *dm, const Layer *L, const Scratch *s, int64_t rows,
-                           const float *cos, const float *sin, const int64_t *slots) {
+static void rope_store_for(const Dims *dm, const Layer *L, const Scratch *s, const StepIO *io) {
+    const int64_t rows = io->rows, *slots = io->slots;
     const int64_t H = dm->heads, KVH = dm->kv_heads, D = dm->dim, width = (H + 2 * KVH) * D;
     #pragma omp for schedule(static)
     for (int64_t item = 0; item < rows * (H + 2 * KVH); item++) {
         const int64_t m = item / (H + 2 * KVH), head = item % (H + 2 * KVH);
         float *x = s->qkv + m * width + head * D;
-        const float *c = cos + m * D, *sn = sin + m * D;
+        const float *c = io->cos + io->rope_row[m] * D, *sn = io->sin + io->rope_row[m] * D;
         if (head < H) {
             if (L->q_norm) norm_row(x, L->q_norm, x, D, dm->eps);
             rope(x, c, sn, D, s->q + (m * H + head) * D);
@@ -131,14 +147,15 @@ static void silu_mul_for(const float *gu, float *out, int64_t rows, int64_t inte
     }
 }
 
-static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const Scratch *s, float *h,
-                      int64_t rows, const float *cos, const float *sin, const int64_t *slots,
-                      const int32_t *table_row, const int32_t *ctx, XQ *xq, int nthreads) {
-    const int64_t hid = dm->hidden;
+static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const Scratch *s,
+                      const StepIO *io, XQ *xq, int nthreads) {
+    const int64_t hid = dm->hidden, rows = io->rows;
+    float *h = io->h;
     gemm_step(&L->qkv, rmsnorm_step(h, L->in_norm, s, rows, hid, dm->eps), rows, s->qkv, L->qkv.n,
               0, xq);
-    rope_store_for(dm, L, s, rows, cos, sin, slots);
-    attend_split_for(kv, s->q, rows, table_row, ctx, s->attn, s->split, s->split_capacity, nthreads);
+    rope_store_for(dm, L, s, io);
+    attend_split_for(kv, s->q, rows, io->table_row, io->ctx, s->attn, s->split, s->split_capacity,
+                     nthreads);
     gemm_step(&L->o, s->attn, rows, h, hid, 1, xq);
     gemm_step(&L->gate_up, rmsnorm_step(h, L->post_norm, s, rows, hid, dm->eps), rows, s->gate_up,
               L->gate_up.n, 0, xq);
@@ -146,25 +163,34 @@ static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const S
     gemm_step(&L->down, s->act, rows, h, hid, 1, xq);
 }
 
-/* h [rows, hidden] holds the embeddings on entry and the last layer's output on return
- * (before the final norm). Row m is a token of the sequence whose block table is
- * tables[table_row[m]] ([sequences, max_blocks]); it attends to that sequence's first ctx[m]
- * keys (its position + 1) and its own K/V go to slots[m]. */
-int decode_forward(const Dims *dm, const Layer *layers, float *h, int64_t rows, const float *cos,
-                   const float *sin, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
-                   int64_t block_size, const int32_t *table_row, const int32_t *ctx,
-                   const Scratch *s, int nthreads) {
+/* Row m of io->h is a token of the sequence whose block table is tables[table_row[m]]; it
+ * attends to that sequence's first ctx[m] keys (its position + 1) and its own K/V go to
+ * slots[m]. The embedding rows and the final norm are split between the threads like any
+ * other stage (a barrier each, before the first layer and at the region's end). */
+int decode_forward(const Dims *dm, const Layer *layers, const StepIO *io, const Scratch *s,
+                   int nthreads) {
+    const int64_t rows = io->rows, hid = dm->hidden;
     if (rows < 1 || rows > s->rows || dm->heads % dm->kv_heads || dm->dim > MAX_DIM) return -1;
     XQ xq = {0};
-    const int64_t k = dm->inter > dm->hidden ? dm->inter : dm->hidden;
+    const int64_t k = dm->inter > hid ? dm->inter : hid;
     if (rows > MAX_ROWS && xq_reserve(&xq, rows, k > dm->heads * dm->dim ? k : dm->heads * dm->dim))
         return -1;
     #pragma omp parallel num_threads(nthreads)
-    for (int64_t i = 0; i < dm->num_layers; i++) {
-        const Layer *L = layers + i;
-        const PagedKV kv = {L->k_cache, L->v_cache, tables, max_blocks, block_size, dm->heads,
-                            dm->kv_heads, dm->dim, L->kv_bf16, dm->scale};
-        layer_for(dm, L, &kv, s, h, rows, cos, sin, slots, table_row, ctx, &xq, nthreads);
+    {
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < rows; m++)
+            memcpy(io->h + m * hid, io->embed + io->ids[m] * hid, sizeof(float) * hid);
+        for (int64_t i = 0; i < dm->num_layers; i++) {
+            const Layer *L = layers + i;
+            const PagedKV kv = {L->k_cache, L->v_cache, io->tables, io->max_blocks, io->block_size,
+                                dm->heads, dm->kv_heads, dm->dim, L->kv_bf16, dm->scale};
+            layer_for(dm, L, &kv, s, io, &xq, nthreads);
+        }
+        if (io->final_norm) {
+            #pragma omp for schedule(static)
+            for (int64_t m = 0; m < rows; m++)
+                norm_row(io->h + m * hid, io->final_norm, io->h + m * hid, hid, dm->eps);
+        }
     }
     xq_free(&xq);
     return 0;

@@ -53,9 +53,10 @@ def random_caches(model: torch.nn.Module, num_blocks: int, block_size: int, seed
 
 
 def run_both(model, native: NativeKernels, seq_lens: list[int], block_size: int, threads: int,
-             seed: int = 0, kv_dtype: torch.dtype = torch.float32) -> None:
+             seed: int = 0, kv_dtype: torch.dtype = torch.float32, max_positions: int = 0) -> None:
     """The eager reference writes this step's K/V with torch's bf16 rounding and widens the
-    cache where it reads it: both sides then attend over the same numbers."""
+    cache where it reads it: both sides then attend over the same numbers. ``max_positions``
+    0: cos/sin computed per step, else looked up in FusedDecode's table."""
     meta, num_blocks = decode_meta(seq_lens, block_size, seed)
     eager_caches = random_caches(model, num_blocks, block_size, seed, kv_dtype)
     fused_caches = [(k.clone(), v.clone()) for k, v in eager_caches]
@@ -63,7 +64,8 @@ def run_both(model, native: NativeKernels, seq_lens: list[int], block_size: int,
     positions = torch.tensor([n - 1 for n in seq_lens])
     with torch.inference_mode():
         expected = model(ids, positions, meta, eager_caches)
-        fused = FusedDecode(model, fused_caches, native, threads)
+        fused = FusedDecode(model, fused_caches, native, threads, max_positions=max_positions)
+        assert (fused._rope is None) == (max_positions == 0 or model.rotary.is_dynamic)
         assert fused.can_run(meta)
         got = fused.run(ids, positions, meta)
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)
@@ -88,7 +90,18 @@ FAMILIES = {
 def test_fused_decode_matches_eager(native: NativeKernels, family: str, seq_lens: list[int],
                                     block_size: int) -> None:
     model = tiny_model(torch.float32, seed=len(seq_lens), std=0.1, **FAMILIES[family])
-    run_both(model, native, seq_lens, block_size, threads=2)
+    run_both(model, native, seq_lens, block_size, threads=2, max_positions=256)
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 16}])
+def test_scaled_rope_matches_eager(native: NativeKernels, scaling: dict) -> None:
+    # Dynamic NTK's cos/sin depend on each sequence's length: computed per step, never tabled.
+    model = tiny_model(torch.float32, seed=4, std=0.1, rope_scaling=scaling,
+                       max_position_embeddings=32)
+    run_both(model, native, [5, 70, 130], 16, threads=2, max_positions=256)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
