@@ -6,7 +6,7 @@ STAMP := $(VENV)/.twinserve-installed
 ENGINE ?= v1
 PORT ?= 8000
 
-.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-structured bench-lmeval soak clean
+.PHONY: install model test test-fast serve bench bench-offline bench-quality bench-step bench-structured bench-lmeval soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ soak: install model
 # Perplexity and greedy agreement of every --quantization mode on the default model (minutes).
 bench-quality: install model
 	$(PY) -m compare.quality --json bench-quality.json
+
+# Where a batch-1 decode step's time goes: engine phases, decode.c's stages, lm_head (a minute).
+bench-step: install model
+	$(PY) -m compare.step_profile --batch 1 --json bench-step.json
 
 # A short v0-vs-v1 comparison (a few minutes); `twinserve compare --help` for the long one.
 bench: install model

@@ -11,6 +11,10 @@ MAT_F32, MAT_INT8, MAT_Q4, MAT_W8A8, MAT_Q4V = 0, 1, 2, 3, 4
 Q4_GROUP, MAX_Q4_GROUPS, W8_GROUP = 32, 128, 32
 MAX_GROUP, MAX_DIM = 16, 256        # query heads per KV head, head dim (attention.c, decode.c)
 A512_DIM, A512_GROUP = 64, 4        # the shapes attention.c's AVX-512 tile takes (attn512.h)
+# decode.c's stages in its enum's order (the timers of a -DTWINSERVE_STAGE_TIMES build).
+STAGES = ("fork", "embed", "in_norm", "qkv", "rope_store", "attention", "o", "post_norm", "gate_up",
+          "silu", "down", "final_norm", "join")
+GEMM_STAGES = ("qkv", "o", "gate_up", "down")
 
 
 class Mat(ctypes.Structure):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from shared.worker.native.abi import A512_DIM, A512_GROUP, Mat
+from shared.worker.native.abi import A512_DIM, A512_GROUP, STAGES, Mat
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ SOURCES = [HERE / "kernels.c", HERE / "q4.c", HERE / "w8a8.c", HERE / "q4v.c", H
 HEADERS = [HERE / "native.h", HERE / "vec.h", HERE / "actq.h", HERE / "xq.h", HERE / "tiles.h",
            HERE / "attn512.h"]
 _BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
+STAGE_TIMES_FLAG = "-DTWINSERVE_STAGE_TIMES"    # decode.c's stage timers (compare.step_profile)
 _ISA_FLAGS = {"AVX512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"],
               "AVX2": ["-mavx2", "-mfma", "-mf16c"]}
 
@@ -98,6 +99,7 @@ class NativeKernels:
         lib.paged_attention.argtypes = [ptr, ptr, i64, ptr, ptr, ptr, ptr, i64, c_int]
         for f in (lib.mat_gemm_small, lib.mat_gemm_w8a8, lib.decode_forward, lib.paged_attention):
             f.restype = c_int
+        lib.native_stage_times.argtypes = [ptr]
         lib.native_isa.restype = ctypes.c_char_p
         self._lib = lib
         self.isa = lib.native_isa().decode()
@@ -129,6 +131,15 @@ class NativeKernels:
                                    num_threads) != 0:
             raise ValueError(f"gemm_w8a8: {x.shape[0]} rows of a kind-{mat.kind} [{mat.n}, {mat.k}] weight")
         return out
+
+    def stage_times(self) -> tuple[dict[str, float], int] | None:
+        """Seconds per ``decode_forward`` stage since the last call and the calls they cover
+        (thread 0's view, barrier waits included), or None: a build without
+        ``-DTWINSERVE_STAGE_TIMES`` keeps no timers."""
+        out = (ctypes.c_double * (len(STAGES) + 1))()
+        if self._lib.native_stage_times(out) != len(STAGES):
+            return None
+        return dict(zip(STAGES, out[:len(STAGES)], strict=True)), int(out[len(STAGES)])
 
     def decode_forward(self, *args: object) -> int:
         """decode.c's ``decode_forward``; arguments as its C signature (see FusedDecode)."""

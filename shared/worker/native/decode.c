@@ -14,6 +14,36 @@
 #include "native.h"
 #include "xq.h"
 
+/* Built with -DTWINSERVE_STAGE_TIMES (compare.step_profile's build), thread 0 adds the time
+ * since its previous mark to the stage it just finished: each stage's share of the step,
+ * barrier waits included. Other builds compile the marks away. */
+enum { ST_FORK, ST_EMBED, ST_IN_NORM, ST_QKV, ST_ROPE, ST_ATTN, ST_O, ST_POST_NORM, ST_GATE_UP,
+       ST_SILU, ST_DOWN, ST_FINAL_NORM, ST_JOIN, NUM_STAGES };
+#ifdef TWINSERVE_STAGE_TIMES
+static double stage_seconds[NUM_STAGES], stage_last;
+static int64_t stage_calls;
+#define STAGE_DONE(i) do { if (omp_get_thread_num() == 0) { const double t_ = omp_get_wtime(); \
+    stage_seconds[i] += t_ - stage_last; stage_last = t_; } } while (0)
+#define STAGE_START() (stage_last = omp_get_wtime(), stage_calls++)
+#else
+#define STAGE_DONE(i) ((void)0)
+#define STAGE_START() ((void)0)
+#endif
+
+/* Copies and clears the stage seconds and the calls they cover into out [NUM_STAGES + 1];
+ * returns NUM_STAGES, or 0 in a build without the timers. */
+int native_stage_times(double *out) {
+#ifdef TWINSERVE_STAGE_TIMES
+    for (int i = 0; i < NUM_STAGES; i++) { out[i] = stage_seconds[i]; stage_seconds[i] = 0; }
+    out[NUM_STAGES] = (double)stage_calls;
+    stage_calls = 0;
+    return NUM_STAGES;
+#else
+    (void)out;
+    return 0;
+#endif
+}
+
 typedef struct {
     const float *in_norm, *post_norm;
     const float *q_norm, *k_norm;       /* per-head [dim] RMSNorm weights (Qwen3) or NULL */
@@ -151,16 +181,25 @@ static void layer_for(const Dims *dm, const Layer *L, const PagedKV *kv, const S
                       const StepIO *io, XQ *xq, int nthreads) {
     const int64_t hid = dm->hidden, rows = io->rows;
     float *h = io->h;
-    gemm_step(&L->qkv, rmsnorm_step(h, L->in_norm, s, rows, hid, dm->eps), rows, s->qkv, L->qkv.n,
-              0, xq);
+    const float *x = rmsnorm_step(h, L->in_norm, s, rows, hid, dm->eps);
+    STAGE_DONE(ST_IN_NORM);
+    gemm_step(&L->qkv, x, rows, s->qkv, L->qkv.n, 0, xq);
+    STAGE_DONE(ST_QKV);
     rope_store_for(dm, L, s, io);
+    STAGE_DONE(ST_ROPE);
     attend_split_for(kv, s->q, rows, io->table_row, io->ctx, s->attn, s->split, s->split_capacity,
                      nthreads);
+    STAGE_DONE(ST_ATTN);
     gemm_step(&L->o, s->attn, rows, h, hid, 1, xq);
-    gemm_step(&L->gate_up, rmsnorm_step(h, L->post_norm, s, rows, hid, dm->eps), rows, s->gate_up,
-              L->gate_up.n, 0, xq);
+    STAGE_DONE(ST_O);
+    x = rmsnorm_step(h, L->post_norm, s, rows, hid, dm->eps);
+    STAGE_DONE(ST_POST_NORM);
+    gemm_step(&L->gate_up, x, rows, s->gate_up, L->gate_up.n, 0, xq);
+    STAGE_DONE(ST_GATE_UP);
     silu_mul_for(s->gate_up, s->act, rows, dm->inter);
+    STAGE_DONE(ST_SILU);
     gemm_step(&L->down, s->act, rows, h, hid, 1, xq);
+    STAGE_DONE(ST_DOWN);
 }
 
 /* Row m of io->h is a token of the sequence whose block table is tables[table_row[m]]; it
@@ -175,11 +214,14 @@ int decode_forward(const Dims *dm, const Layer *layers, const StepIO *io, const 
     const int64_t k = dm->inter > hid ? dm->inter : hid;
     if (rows > MAX_ROWS && xq_reserve(&xq, rows, k > dm->heads * dm->dim ? k : dm->heads * dm->dim))
         return -1;
+    STAGE_START();
     #pragma omp parallel num_threads(nthreads)
     {
+        STAGE_DONE(ST_FORK);
         #pragma omp for schedule(static)
         for (int64_t m = 0; m < rows; m++)
             memcpy(io->h + m * hid, io->embed + io->ids[m] * hid, sizeof(float) * hid);
+        STAGE_DONE(ST_EMBED);
         for (int64_t i = 0; i < dm->num_layers; i++) {
             const Layer *L = layers + i;
             const PagedKV kv = {L->k_cache, L->v_cache, io->tables, io->max_blocks, io->block_size,
@@ -191,7 +233,9 @@ int decode_forward(const Dims *dm, const Layer *layers, const StepIO *io, const 
             for (int64_t m = 0; m < rows; m++)
                 norm_row(io->h + m * hid, io->final_norm, io->h + m * hid, hid, dm->eps);
         }
+        STAGE_DONE(ST_FINAL_NORM);
     }
+    STAGE_DONE(ST_JOIN);      /* outside the region: the caller's thread is thread 0 */
     xq_free(&xq);
     return 0;
 }
