@@ -5,7 +5,7 @@
  * row and the keys it sees; all of a step's K/V are written before any row attends). One
  * OpenMP region for the whole step, from the embedding lookup to the final RMSNorm; the
  * stages meet at the barriers of their `omp for`s. Python keeps the RoPE tables and the
- * lm_head: torch ops between weight-streaming C calls ran 5-10x their warm time. float32
+ * lm_head: torch ops between weight-streaming C calls ran several times their warm time. float32
  * activations; caches float32 or bfloat16 (kv_bf16: half the bytes attention reads per context
  * token); weights in any of native.h's layouts. */
 #include <math.h>

@@ -3,7 +3,7 @@
 At one token per step the eager model spends more time dispatching ~15 small torch ops per
 layer than multiplying; ``decode.c`` runs a whole step, from the embedding lookup to the final
 norm, inside one OpenMP region (torch ops between the C calls that stream the weights ran at
-5-10x their warm time: their code and data come back from DRAM). Python keeps the RoPE
+several times their warm time: their code and data come back from DRAM). Python keeps the RoPE
 tables (every variant of ``RotaryEmbedding``: one table over all positions, computed once,
 or per step for dynamic NTK) and the lm_head. It takes decode steps of
 up to ``native.max_rows`` rows with any weights, and, with int8-activation weights (W8A8 or
