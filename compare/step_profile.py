@@ -5,7 +5,7 @@
 Runs ``LLM.generate`` offline at a fixed batch (``max_num_seqs`` = the batch, every sequence
 decoding together) with the native kernels built once more with ``-DTWINSERVE_STAGE_TIMES``
 (the same code plus decode.c's stage timers, cached beside the normal build). Per decode step
-it reports the medians of the engine's phases (schedule to update), the mean time of each
+it reports the medians of the engine's phases (schedule to update), of the time of each
 stage of the fused step as its thread 0 saw it (barrier waits included), and the lm_head
 (``compute_logits``, its own C call). GEMM time is the four GEMM stages plus the lm_head;
 everything else in the step is the rest (norms, RoPE, the KV write, attention, SiLU, the
