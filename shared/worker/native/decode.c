@@ -63,7 +63,7 @@ typedef struct {
     int64_t rows;
     const int64_t *ids;         /* token ids: h starts as their rows of embed */
     const float *embed;         /* [vocab, hidden] */
-    const float *final_norm;    /* [hidden], or NULL: h is returned before the final norm */
+    const float *final_norm;    /* [hidden] */
     const float *cos, *sin;     /* RoPE tables [*, dim]: row m rotates by row rope_row[m] */
     const int64_t *rope_row;    /* (its position into a per-model table, or m per step) */
     const int64_t *slots;       /* row m's K/V go to cache slot slots[m] */
@@ -228,11 +228,9 @@ int decode_forward(const Dims *dm, const Layer *layers, const StepIO *io, const 
                                 dm->heads, dm->kv_heads, dm->dim, L->kv_bf16, dm->scale};
             layer_for(dm, L, &kv, s, io, &xq, nthreads);
         }
-        if (io->final_norm) {
-            #pragma omp for schedule(static)
-            for (int64_t m = 0; m < rows; m++)
-                norm_row(io->h + m * hid, io->final_norm, io->h + m * hid, hid, dm->eps);
-        }
+        #pragma omp for schedule(static)
+        for (int64_t m = 0; m < rows; m++)
+            norm_row(io->h + m * hid, io->final_norm, io->h + m * hid, hid, dm->eps);
         STAGE_DONE(ST_FINAL_NORM);
     }
     STAGE_DONE(ST_JOIN);      /* outside the region: the caller's thread is thread 0 */
